@@ -1,0 +1,92 @@
+"""Settings of the regularized GRPO update (advantages, loss, regularizer, rollback)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class AdvantageSettings(BaseModel):
+    """How group rewards become per-completion advantages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scale: Literal["group", "batch", "none"] = "group"
+    """Divide by the group's std (GRPO), the batch's std, or not at all (Dr. GRPO)."""
+    baseline: Literal["mean", "leave_one_out"] = "mean"
+    """Subtract the group mean, or the mean of the other G-1 completions (RLOO)."""
+    eps: float = Field(1e-6, gt=0)
+    """Added to the std before dividing."""
+    filter_zero_signal: bool = True
+    """Drop groups whose rewards are all equal (DAPO dynamic sampling); they are counted."""
+
+
+class LossSettings(BaseModel):
+    """The clipped surrogate, KL penalty and aggregation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eps_low: float = Field(0.2, ge=0, le=1)
+    """Lower clip range: the ratio is clipped at 1 - eps_low."""
+    eps_high: float = Field(0.28, ge=0)
+    """Upper clip range (DAPO clip-higher): the ratio is clipped at 1 + eps_high."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip constant c (> 1) bounding the loss for negative advantages; None disables it."""
+    is_cap: float = Field(2.0, gt=0)
+    """Cap of the truncated importance weight exp(trainer_logp_old - behaviour_logp)."""
+    beta: float = Field(0.0, ge=0)
+    """Weight of the k3 KL to the frozen reference; 0 loads no reference model."""
+    aggregation: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
+    """Per-sequence mean then mean (grpo), token mean over the batch (dapo), or sum / (B x max_tokens) (dr_grpo)."""
+    logprob_chunk: int = Field(8, ge=1)
+    """Sequences per chunk when computing token log-probs, bounding (chunk, T, V) memory."""
+
+
+class RegularizerSettings(BaseModel):
+    """The adaptive gradient-norm regularizer (the 'regularized' in regularized GRPO)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    """Apply the proximal shrink toward tau and the hard clip at 2*tau."""
+    alpha: float = Field(0.9, gt=0, lt=1)
+    """EMA factor: tau <- alpha*tau + (1-alpha)*||g||."""
+    lam: float = Field(1.0, ge=0)
+    """lambda of the penalty lambda/2 * (||g|| - tau)^2 applied when ||g|| > tau."""
+    tau0: float | None = Field(None, gt=0)
+    """Initial tau; None sets it from the first step's norm times init_fraction."""
+    init_fraction: float = Field(0.5, gt=0)
+    """Fraction of the first step's gradient norm used as the initial tau when tau0 is None."""
+    clip_factor: float = Field(2.0, gt=1)
+    """Hard clip at clip_factor * tau after the proximal step."""
+
+
+class RollbackSettings(BaseModel):
+    """What happens on a non-finite loss or gradient."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr_factor: float = Field(0.8, gt=0, lt=1)
+    """Learning rate multiplier applied on each rollback."""
+    tau_raise: float = Field(1.5, ge=1)
+    """tau multiplier applied on each rollback."""
+    max_consecutive: int = Field(3, ge=1)
+    """Stop with an error after this many rollbacks in a row."""
+
+
+class AlgoSettings(BaseModel):
+    """Everything about the regularized GRPO update."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    advantage: AdvantageSettings = AdvantageSettings()
+    loss: LossSettings = LossSettings()
+    regularizer: RegularizerSettings = RegularizerSettings()
+    rollback: RollbackSettings = RollbackSettings()
+
+    @model_validator(mode="after")
+    def _check(self) -> AlgoSettings:
+        if self.loss.dual_clip is not None and self.loss.dual_clip <= 1 + self.loss.eps_high:
+            raise ValueError("loss.dual_clip must exceed 1 + loss.eps_high")
+        return self

@@ -1,0 +1,1 @@
+"""The `grpo-stream` command line (Typer). Heavy imports happen inside commands."""

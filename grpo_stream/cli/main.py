@@ -1,0 +1,28 @@
+"""Entry point: one Typer app, one module per command group; `--help` imports no torch."""
+
+from __future__ import annotations
+
+import typer
+
+from grpo_stream.cli import eval as eval_cmd
+from grpo_stream.cli import fingerprint, keys, logs, plan, run, status, up
+
+app = typer.Typer(
+    name="grpo-stream",
+    help="GRPO reinforcement learning as an asynchronous streaming pipeline of services.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("up")(up.up)
+app.command("run")(run.run)
+app.command("logs")(logs.logs)
+app.add_typer(keys.app, name="keys")
+app.command("fingerprint")(fingerprint.fingerprint)
+app.command("plan")(plan.plan)
+app.command("eval")(eval_cmd.evaluate)
+app.command("status")(status.status)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,271 @@
+"""The run configuration: one TOML file, validated by pydantic, overridable with `--set`.
+
+Each part of the pipeline owns its settings model in its own package; this module
+composes them into `RunConfig`, loads TOML, applies `section.key=value` overrides and
+turns validation errors into one clear line naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from grpo_stream.algo.settings import AlgoSettings
+from grpo_stream.tasks.settings import TaskSettings
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+
+DEFAULT_MODEL = "grpo-stream/tiny-arith"
+"""Name of the tiny model that ships inside the package (resolved by grpo_stream.models)."""
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message is one line naming the field."""
+
+
+class RunSettings(BaseModel):
+    """Where the run lives and how long it lasts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_dir: Path = Path("runs/default")
+    """Directory for config.toml, metrics.jsonl, logs/, checkpoints/ and report.png."""
+    max_steps: int = Field(120, ge=1)
+    """Trainer steps before the run ends."""
+    seed: int = 0
+    """Seed for torch, sampling and the prompt stream."""
+    torch_threads: int = Field(1, ge=1)
+    """torch intra-op threads per service process (CPU)."""
+
+
+class ModelSettings(BaseModel):
+    """The policy model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name_or_path: str = DEFAULT_MODEL
+    """A Hugging Face model name or local path; the default is the tiny model shipped with the package."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Parameter dtype: auto is bfloat16 on GPUs and float32 on CPU."""
+
+
+class GeneratorSettings(BaseModel):
+    """Generators: inference engines that sample completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """hf (transformers generate, CPU or GPU) or vllm (GPU hosts, `grpo-stream[vllm]`)."""
+    count: int = Field(1, ge=0)
+    """Generator processes that `up` starts locally."""
+    group_size: int = Field(8, ge=1)
+    """G: completions sampled per prompt."""
+    max_tokens: int = Field(8, ge=1)
+    """Largest number of completion tokens."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (log-probs are those of the tempered distribution)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling; keep 1.0 so behaviour log-probs match the trainer's."""
+    prompts_per_request: int = Field(16, ge=1)
+    """Prompts a generator asks for at once (its credits); scaled by its device share."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """vllm: fraction of device memory for weights and KV cache."""
+    throttle: float = Field(1.0, ge=1)
+    """Test hook: sleep so that this generator runs `throttle` times slower."""
+
+
+class ScorerSettings(BaseModel):
+    """Scorers: reward functions in worker processes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int = Field(1, ge=0)
+    """Scorer processes that `up` starts locally."""
+    workers: int = Field(1, ge=1)
+    """Worker processes per scorer that run reward functions."""
+    timeout_s: float = Field(5.0, gt=0)
+    """A reward call slower than this is killed and scores NaN."""
+    memory_limit_mb: int = Field(1024, ge=16)
+    """Address-space limit of a reward worker; exceeding it kills the call (NaN)."""
+    groups_per_request: int = Field(8, ge=1)
+    """Groups a scorer asks for at once."""
+
+
+class ReplaySettings(BaseModel):
+    """The hub's experience-replay buffer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capacity: int = Field(256, ge=1)
+    """Groups the buffer holds at most; the oldest are evicted first."""
+    reuse: int = Field(1, ge=1)
+    """How many times a group may be trained on."""
+    sampling: Literal["fifo", "uniform", "priority"] = "fifo"
+    """fifo, uniform at random, or prioritised by mean |advantage|."""
+
+
+class HubSettings(BaseModel):
+    """The grouper hub."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bind: str = "tcp://127.0.0.1:0"
+    """Address the hub binds; port 0 picks a free port (written to RUN_DIR/hub.addr)."""
+    public_address: str | None = None
+    """Address other hosts use to reach the hub (defaults to the bound address)."""
+    groups_per_step: int = Field(16, ge=1)
+    """Groups in each TrainBatch (prompts per trainer step)."""
+    max_staleness: int = Field(1, ge=0)
+    """Largest policy-version lag of a trained group; 0 makes the run synchronous (on-policy)."""
+    lease_timeout_s: float = Field(120.0, gt=0)
+    """A lease not completed in time is re-dispatched even if its holder still beats."""
+    checkpoint_every_s: float = Field(30.0, gt=0)
+    """Seconds between hub checkpoints (buffer, cursor, leases, counters)."""
+    replay: ReplaySettings = ReplaySettings()
+
+
+class TrainerSettings(BaseModel):
+    """The trainer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(2e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps, then constant."""
+    micro_batch: int = Field(64, ge=1)
+    """Sequences per forward/backward; gradients accumulate over micro-batches."""
+    publish_every: int = Field(1, ge=1)
+    """Publish new weights every this many steps."""
+    checkpoint_every: int = Field(50, ge=1)
+    """Write a checkpoint every this many steps (and at shutdown)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Complete checkpoints kept on disk."""
+    ranks: int = Field(1, ge=1)
+    """torch.distributed ranks (torchrun) for the trainer."""
+    bind: str = "tcp://127.0.0.1:0"
+    """Address of the weight server (ROUTER) and announcer (PUB uses the next port)."""
+    public_host: str | None = None
+    """Host other machines use to reach the trainer (defaults to the bound host)."""
+    fault_nan_step: int | None = None
+    """Test hook: inject a NaN into the loss at this step to exercise rollback."""
+
+
+class RunConfig(BaseModel):
+    """The whole run: one TOML file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: RunSettings = RunSettings()
+    model: ModelSettings = ModelSettings()
+    task: TaskSettings = TaskSettings()
+    algo: AlgoSettings = AlgoSettings()
+    generator: GeneratorSettings = GeneratorSettings()
+    scorer: ScorerSettings = ScorerSettings()
+    hub: HubSettings = HubSettings()
+    trainer: TrainerSettings = TrainerSettings()
+    transport: TransportSettings = TransportSettings()
+    security: SecuritySettings = SecuritySettings()
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if self.hub.replay.capacity < self.hub.groups_per_step:
+            raise ValueError("hub.replay.capacity must be at least hub.groups_per_step")
+        return self
+
+    def digest(self) -> str:
+        """A short hash of the resolved config; services compare it on Welcome."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML (written to RUN_DIR/config.toml)."""
+        return dump_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "config"
+    extra = f" ({len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"invalid config: {field}: {first['msg']}{extra}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse `section.key=value`; the value is read as TOML (so 3, 1e-4, true, "x" work)."""
+    if "=" not in text:
+        raise ConfigError(f"invalid override {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"invalid override {text!r}: empty key")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word is a string
+    return path, value
+
+
+def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"invalid override: {'.'.join(path)}: {part} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a TOML file (or the defaults), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
+    for text in overrides or []:
+        keys, value = parse_override(text)
+        apply_override(data, keys, value)
+    return config_from_dict(data)
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def dump_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """Minimal TOML writer for the resolved config (nested tables and scalars)."""
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    lines = [f"{k} = {_toml_value(v)}" for k, v in scalars.items()]
+    out = "\n".join(lines)
+    for name, table in tables.items():
+        full = f"{prefix}{name}"
+        body = dump_toml(table, prefix=f"{full}.")
+        out += f"\n\n[{full}]\n{body}" if body.strip() else f"\n\n[{full}]"
+    return out.strip() + "\n"

@@ -1,0 +1,155 @@
+"""Structured logs: JSON lines per service in RUN_DIR/logs, a readable console, and merging.
+
+`setup_logging` is called once by each service's entry point (never at import time). Every
+event is bound to `service` and `instance`, so merged logs say who spoke.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+class _JsonFileProcessor:
+    """Writes each event as one JSON line to a file, then passes it on unchanged."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def __call__(self, logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+        self._stream.write(json.dumps(event, default=str) + "\n")
+        self._stream.flush()
+        return event
+
+
+def setup_logging(
+    service: str,
+    instance: str,
+    run_dir: Path | None = None,
+    level: str = "info",
+    console: bool = True,
+    console_json: bool = False,
+) -> structlog.stdlib.BoundLogger:
+    """Configure structlog for this process and return the bound service logger.
+
+    With `run_dir`, events go as JSON lines to RUN_DIR/logs/<service>-<instance>.jsonl.
+    `console_json` prints JSON lines on stderr (what `up` merges); else a readable renderer.
+    """
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+        _add_unix_time,
+        structlog.processors.format_exc_info,
+    ]
+    if run_dir is not None:
+        log_dir = Path(run_dir) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        stream = (log_dir / f"{service}-{instance}.jsonl").open("a", encoding="utf-8")
+        processors.append(_JsonFileProcessor(stream))
+    if console and console_json:
+        processors.append(structlog.processors.JSONRenderer())
+    elif console:
+        processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+    else:
+        processors.append(_drop)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS.get(level, 20)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(service=service, instance=instance)
+    logging.basicConfig(level=logging.WARNING)
+    return structlog.get_logger()  # type: ignore[no-any-return]
+
+
+def _add_unix_time(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+    event.setdefault("t", round(time.time(), 6))
+    return event
+
+
+def _drop(logger: Any, name: str, event: dict[str, Any]) -> str:
+    raise structlog.DropEvent
+
+
+def get_logger(**bound: Any) -> Any:
+    """The process's logger, with extra fields bound."""
+    return structlog.get_logger().bind(**bound)
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One parsed event of a service's log file."""
+
+    t: float
+    event: dict[str, Any]
+
+
+def _read_file(path: Path, offset: int = 0) -> tuple[list[LogRecord], int]:
+    records = []
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    end = data.rfind(b"\n") + 1  # only whole lines; a partial last line is read next time
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            records.append(LogRecord(float(event.get("t", 0.0)), event))
+    return records, offset + end
+
+
+def _keep(event: dict[str, Any], service: str | None, level: str | None) -> bool:
+    if service is not None and event.get("service") != service:
+        return False
+    return level is None or LEVELS.get(str(event.get("level", "info")), 20) >= LEVELS[level]
+
+
+def merge_logs(
+    run_dir: Path, service: str | None = None, level: str | None = None
+) -> list[dict[str, Any]]:
+    """All events of RUN_DIR/logs/*.jsonl in time order, filtered by service and minimum level."""
+    records: list[LogRecord] = []
+    for path in sorted((Path(run_dir) / "logs").glob("*.jsonl")):
+        records.extend(_read_file(path)[0])
+    records.sort(key=lambda r: r.t)
+    return [r.event for r in records if _keep(r.event, service, level)]
+
+
+def follow_logs(
+    run_dir: Path, service: str | None = None, level: str | None = None, poll_s: float = 0.5
+) -> Iterator[dict[str, Any]]:
+    """Yield new events as services write them (merged per poll, in time order)."""
+    offsets: dict[Path, int] = {}
+    while True:
+        batch: list[LogRecord] = []
+        for path in sorted((Path(run_dir) / "logs").glob("*.jsonl")):
+            recs, offsets[path] = _read_file(path, offsets.get(path, 0))
+            batch.extend(recs)
+        batch.sort(key=lambda r: r.t)
+        for rec in batch:
+            if _keep(rec.event, service, level):
+                yield rec.event
+        time.sleep(poll_s)
+
+
+def format_event(event: dict[str, Any]) -> str:
+    """One readable console line for a JSON event."""
+    skip = {"event", "level", "ts", "t", "service", "instance"}
+    fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip)
+    who = f"{event.get('service', '?')}-{event.get('instance', '?')}"
+    return f"{event.get('ts', '')[11:23]} {event.get('level', 'info'):7s} {who:14s} {event.get('event', '')} {fields}"

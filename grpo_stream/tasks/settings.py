@@ -1,0 +1,48 @@
+"""Settings of the task (what prompts the hub dispatches) and its reward functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RewardSpec(BaseModel):
+    """One weighted reward function."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """A built-in name (exact_match, math_verify, format, length_penalty, countdown) or `package.module:function`."""
+    weight: float = 1.0
+    """Weight of this component in the scalar reward."""
+    params: dict[str, float | int | str | bool] = {}
+    """Keyword arguments passed to the reward function."""
+
+
+class TaskSettings(BaseModel):
+    """The prompt source and its verifiers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["arith", "countdown", "math"] = "arith"
+    """arith (default, integer arithmetic), countdown (TinyZero), or math (local JSONL/Parquet)."""
+    seed: int = 0
+    """Seed of the prompt stream: the same seed gives the same prompts in the same order."""
+    max_operand: int = Field(20, ge=1)
+    """arith: largest operand."""
+    ops: str = "+"
+    """arith: operators to draw from, e.g. '+-'."""
+    countdown_numbers: int = Field(3, ge=2, le=6)
+    """countdown: how many numbers each problem gives."""
+    path: Path | None = None
+    """math: local JSONL or Parquet file of problems."""
+    question_field: str = "question"
+    """math: field holding the problem text."""
+    answer_field: str = "answer"
+    """math: field holding the reference answer."""
+    chat_template: bool = False
+    """math: wrap the prompt with the tokenizer's chat template (instruct models)."""
+    rewards: list[RewardSpec] | None = None
+    """Reward functions and weights; None uses the task's defaults."""

@@ -1,0 +1,53 @@
+"""Settings of the ZeroMQ transport and its security."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TransportSettings(BaseModel):
+    """Socket limits and timing shared by every service."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_message_bytes: int = Field(1 << 30, ge=1024)
+    """Largest message (all frames) a receiver accepts; larger ones are rejected before decoding."""
+    max_frame_bytes: int = Field(1 << 30, ge=1024)
+    """Largest single frame a receiver accepts."""
+    hwm: int = Field(1000, ge=1)
+    """Send/receive high-water mark in messages on every socket (bounds memory per peer)."""
+    linger_ms: int = Field(0, ge=0)
+    """How long a closing socket keeps undelivered messages; 0 so shutdown never hangs."""
+    handshake_timeout_s: float = Field(60.0, gt=0)
+    """How long a service waits for the hub's Welcome before giving up."""
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    """How often services send Heartbeat to the hub."""
+    heartbeat_timeout_s: float = Field(10.0, gt=0)
+    """A peer silent for longer is declared lost and its leases re-dispatched."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TransportSettings:
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError("transport.heartbeat_timeout_s must exceed twice heartbeat_interval_s")
+        if self.max_frame_bytes > self.max_message_bytes:
+            raise ValueError("transport.max_frame_bytes must not exceed max_message_bytes")
+        return self
+
+
+class SecuritySettings(BaseModel):
+    """CURVE encryption and client allow-listing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    curve: bool = False
+    """Encrypt every socket with CURVE and accept only allow-listed client keys."""
+    keys_dir: Path | None = None
+    """Directory written by `grpo-stream keys init` (required when curve is on)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SecuritySettings:
+        if self.curve and self.keys_dir is None:
+            raise ValueError("security.keys_dir is required when security.curve is true")
+        return self
