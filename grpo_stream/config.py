@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grpo_stream.algo.settings import AlgoSettings
+from grpo_stream.hardware.settings import HardwareSettings
 from grpo_stream.tasks.settings import TaskSettings
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
@@ -30,7 +31,7 @@ class ConfigError(ValueError):
 class RunSettings(BaseModel):
     """Where the run lives and how long it lasts."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     run_dir: Path = Path("runs/default")
     """Directory for config.toml, metrics.jsonl, logs/, checkpoints/ and report.png."""
@@ -45,7 +46,7 @@ class RunSettings(BaseModel):
 class ModelSettings(BaseModel):
     """The policy model."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name_or_path: str = DEFAULT_MODEL
     """A Hugging Face model name or local path; the default is the tiny model shipped with the package."""
@@ -56,7 +57,7 @@ class ModelSettings(BaseModel):
 class GeneratorSettings(BaseModel):
     """Generators: inference engines that sample completions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     engine: Literal["hf", "vllm"] = "hf"
     """hf (transformers generate, CPU or GPU) or vllm (GPU hosts, `grpo-stream[vllm]`)."""
@@ -81,7 +82,7 @@ class GeneratorSettings(BaseModel):
 class ScorerSettings(BaseModel):
     """Scorers: reward functions in worker processes."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     count: int = Field(1, ge=0)
     """Scorer processes that `up` starts locally."""
@@ -98,7 +99,7 @@ class ScorerSettings(BaseModel):
 class ReplaySettings(BaseModel):
     """The hub's experience-replay buffer."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     capacity: int = Field(256, ge=1)
     """Groups the buffer holds at most; the oldest are evicted first."""
@@ -111,7 +112,7 @@ class ReplaySettings(BaseModel):
 class HubSettings(BaseModel):
     """The grouper hub."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     bind: str = "tcp://127.0.0.1:0"
     """Address the hub binds; port 0 picks a free port (written to RUN_DIR/hub.addr)."""
@@ -126,12 +127,13 @@ class HubSettings(BaseModel):
     checkpoint_every_s: float = Field(30.0, gt=0)
     """Seconds between hub checkpoints (buffer, cursor, leases, counters)."""
     replay: ReplaySettings = ReplaySettings()
+    """The experience-replay buffer."""
 
 
 class TrainerSettings(BaseModel):
     """The trainer."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     lr: float = Field(2e-4, gt=0)
     """AdamW learning rate."""
@@ -160,18 +162,30 @@ class TrainerSettings(BaseModel):
 class RunConfig(BaseModel):
     """The whole run: one TOML file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     run: RunSettings = RunSettings()
+    """Run directory, length and seed."""
     model: ModelSettings = ModelSettings()
+    """The policy model."""
     task: TaskSettings = TaskSettings()
+    """The prompts and their reward functions."""
     algo: AlgoSettings = AlgoSettings()
+    """The regularized GRPO update."""
     generator: GeneratorSettings = GeneratorSettings()
+    """Sampling and the inference engine."""
     scorer: ScorerSettings = ScorerSettings()
+    """Reward workers."""
     hub: HubSettings = HubSettings()
+    """Dispatch, staleness, batches and the replay buffer."""
     trainer: TrainerSettings = TrainerSettings()
+    """Optimizer, publishing and checkpoints."""
     transport: TransportSettings = TransportSettings()
+    """Socket limits and heartbeats."""
     security: SecuritySettings = SecuritySettings()
+    """CURVE encryption and allow-listed keys."""
+    hardware: HardwareSettings = HardwareSettings()
+    """Device scores, refit and roles."""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

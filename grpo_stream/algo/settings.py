@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class AdvantageSettings(BaseModel):
     """How group rewards become per-completion advantages."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     scale: Literal["group", "batch", "none"] = "group"
     """Divide by the group's std (GRPO), the batch's std, or not at all (Dr. GRPO)."""
@@ -25,7 +25,7 @@ class AdvantageSettings(BaseModel):
 class LossSettings(BaseModel):
     """The clipped surrogate, KL penalty and aggregation."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     eps_low: float = Field(0.2, ge=0, le=1)
     """Lower clip range: the ratio is clipped at 1 - eps_low."""
@@ -38,7 +38,7 @@ class LossSettings(BaseModel):
     beta: float = Field(0.0, ge=0)
     """Weight of the k3 KL to the frozen reference; 0 loads no reference model."""
     aggregation: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
-    """Per-sequence mean then mean (grpo), token mean over the batch (dapo), or sum / (B x max_tokens) (dr_grpo)."""
+    """Per-sequence mean then mean (grpo), token mean (dapo), or sum / (B x max_tokens) (dr_grpo)"""
     logprob_chunk: int = Field(8, ge=1)
     """Sequences per chunk when computing token log-probs, bounding (chunk, T, V) memory."""
 
@@ -46,7 +46,7 @@ class LossSettings(BaseModel):
 class RegularizerSettings(BaseModel):
     """The adaptive gradient-norm regularizer (the 'regularized' in regularized GRPO)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     enabled: bool = True
     """Apply the proximal shrink toward tau and the hard clip at 2*tau."""
@@ -65,7 +65,7 @@ class RegularizerSettings(BaseModel):
 class RollbackSettings(BaseModel):
     """What happens on a non-finite loss or gradient."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     lr_factor: float = Field(0.8, gt=0, lt=1)
     """Learning rate multiplier applied on each rollback."""
@@ -73,17 +73,23 @@ class RollbackSettings(BaseModel):
     """tau multiplier applied on each rollback."""
     max_consecutive: int = Field(3, ge=1)
     """Stop with an error after this many rollbacks in a row."""
+    snapshot_on_cpu: bool = False
+    """Keep the in-memory rollback snapshot (model + optimizer state) in host memory."""
 
 
 class AlgoSettings(BaseModel):
     """Everything about the regularized GRPO update."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     advantage: AdvantageSettings = AdvantageSettings()
+    """Group-relative advantages."""
     loss: LossSettings = LossSettings()
+    """Clipped surrogate, KL and aggregation."""
     regularizer: RegularizerSettings = RegularizerSettings()
+    """Adaptive gradient-norm regularizer."""
     rollback: RollbackSettings = RollbackSettings()
+    """Non-finite step handling."""
 
     @model_validator(mode="after")
     def _check(self) -> AlgoSettings:

@@ -1,14 +1,103 @@
-"""`grpo-stream plan`: which devices run the trainer and which generate, with shares."""
+"""`grpo-stream plan`: which devices run the trainer and which generate, with shares.
+
+Imports the hardware package and rich inside the command so `grpo-stream --help` stays fast.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from grpo_stream.cli.common import not_built
+from grpo_stream.cli.common import fail
+from grpo_stream.cli.fingerprint import logs_to_stderr
+
+if TYPE_CHECKING:
+    from grpo_stream.hardware.plan import Assignment, Plan
 
 
-def plan(cluster: Path = typer.Option(..., "--cluster", help="Cluster TOML file.")) -> None:
+def _num(value: float | None, unit: str, digits: int = 0) -> str:
+    return "unknown" if value is None else f"{value:,.{digits}f}{unit}"
+
+
+def _row(role: str, a: Assignment) -> list[str]:
+    extra = f"{a.share:.1%} / {a.credits}" if role == "generator" else a.reason
+    return [
+        role,
+        a.device_id,
+        a.name,
+        _num(a.memory_gib, " GiB"),
+        _num(a.tflops, " TF"),
+        _num(a.bandwidth_gbps, " GB/s"),
+        f"{a.score:.2f}",
+        extra,
+    ]
+
+
+def _print_plan(plan: Plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = (
+        f"{plan.model_params:,} params: trainer needs {plan.trainer_memory_bytes / 2**30:.1f} GiB"
+    )
+    table = Table(title=title)
+    for column in (
+        "role",
+        "device",
+        "name",
+        "memory",
+        "compute",
+        "bandwidth",
+        "score",
+        "share / credits",
+    ):
+        table.add_column(column)
+    for a in plan.trainer:
+        table.add_row(*_row("trainer", a))
+    for a in plan.generators:
+        table.add_row(*_row("generator", a))
+    for a in plan.idle:
+        table.add_row(*_row("idle", a))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 140))  # piped: do not wrap at 80 columns
+    console.print(table)
+    if plan.colocated:
+        console.print("colocated: the trainer devices also generate")
+    console.print(plan.rule)
+
+
+def plan(
+    cluster: Annotated[Path, typer.Option("--cluster", help="Cluster TOML file.")],
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    model_params: str = typer.Option(None, "--model-params", help="Override model_params (7B)."),
+    trainer_devices: int = typer.Option(
+        None, "--trainer-devices", help="Override trainer_devices."
+    ),
+) -> None:
     """Print the role plan for a cluster file."""
-    not_built("plan")
+    from grpo_stream.hardware.cluster import ClusterError, load_cluster, parse_params
+    from grpo_stream.hardware.plan import PlanError, plan_roles
+
+    logs_to_stderr()
+    try:
+        resolved = load_cluster(cluster)
+        spec = resolved.spec
+        params = spec.model_params if model_params is None else parse_params(model_params)
+        result = plan_roles(
+            resolved.devices,
+            params,
+            trainer_devices or spec.trainer_devices,
+            latency_s=resolved.latency_s,
+            settings=spec.hardware,
+            base_credits=spec.base_credits,
+        )
+    except (ClusterError, PlanError, ValueError) as exc:
+        fail(str(exc))
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    _print_plan(result)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class RewardSpec(BaseModel):
     """One weighted reward function."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str
     """A built-in name (exact_match, math_verify, format, length_penalty, countdown) or `package.module:function`."""
@@ -24,7 +24,7 @@ class RewardSpec(BaseModel):
 class TaskSettings(BaseModel):
     """The prompt source and its verifiers."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: Literal["arith", "countdown", "math"] = "arith"
     """arith (default, integer arithmetic), countdown (TinyZero), or math (local JSONL/Parquet)."""

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class TransportSettings(BaseModel):
     """Socket limits and timing shared by every service."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     max_message_bytes: int = Field(1 << 30, ge=1024)
     """Largest message (all frames) a receiver accepts; larger ones are rejected before decoding."""
@@ -26,6 +26,10 @@ class TransportSettings(BaseModel):
     """How often services send Heartbeat to the hub."""
     heartbeat_timeout_s: float = Field(10.0, gt=0)
     """A peer silent for longer is declared lost and its leases re-dispatched."""
+    io_timeout_ms: int = Field(5000, ge=1)
+    """Longest a client send may wait for room under the high-water mark (then SendTimeout)."""
+    weights_chunk_bytes: int = Field(64 << 20, ge=1)
+    """Target tensor bytes per WeightsChunk message (a larger tensor travels alone)."""
 
     @model_validator(mode="after")
     def _check(self) -> TransportSettings:
@@ -39,12 +43,14 @@ class TransportSettings(BaseModel):
 class SecuritySettings(BaseModel):
     """CURVE encryption and client allow-listing."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     curve: bool = False
     """Encrypt every socket with CURVE and accept only allow-listed client keys."""
     keys_dir: Path | None = None
     """Directory written by `grpo-stream keys init` (required when curve is on)."""
+    client_name: str = Field("client", pattern=r"^[A-Za-z0-9_-]+$")
+    """Which client key pair in keys_dir this process uses (`keys add DIR NAME` writes more)."""
 
     @model_validator(mode="after")
     def _check(self) -> SecuritySettings:

@@ -1,0 +1,53 @@
+"""Fingerprint this host: every GPU through NVML, or the CPU when NVML is unavailable.
+
+`fingerprint_host` never raises for missing hardware: no driver, no library, or no GPU
+gives a CPU fingerprint with `nvml_error` saying why. Services call it once at start and
+put `.to_dict()` into their Hello.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import structlog
+
+from grpo_stream.hardware.cpu import fingerprint_cpu
+from grpo_stream.hardware.device import HostFingerprint
+from grpo_stream.hardware.nvml import NvmlUnavailable, read_nvml
+from grpo_stream.hardware.specs import derive_gpu
+
+log = structlog.get_logger()
+
+
+def fingerprint_host(
+    benchmark: bool = True, nvml: Any = None, seconds: float = 0.2
+) -> HostFingerprint:
+    """Every device of this host. `nvml` replaces the pynvml module (tests, recordings).
+
+    `benchmark` runs the CPU micro-benchmarks when there is no GPU (about 2 x `seconds`).
+    """
+    host = socket.gethostname()
+    try:
+        raw = read_nvml(nvml)
+    except NvmlUnavailable as exc:
+        log.info("fingerprint.cpu", reason=exc.error)
+        return _cpu_host(host, benchmark, seconds, exc.error)
+    if not raw["devices"]:
+        log.info("fingerprint.cpu", reason="no NVML devices")
+        return _cpu_host(host, benchmark, seconds, "no NVML devices")
+    devices = [derive_gpu(d, index=i, host=host) for i, d in enumerate(raw["devices"])]
+    unknown = {d.index: sorted(d.raw["errors"]) for d in devices if d.raw and d.raw["errors"]}
+    log.info("fingerprint.nvml", devices=len(devices), unanswered=unknown)
+    return HostFingerprint(
+        hostname=host,
+        source="nvml",
+        devices=devices,
+        driver_version=raw["driver_version"],
+        cuda_driver_version=raw["cuda_driver_version"],
+    )
+
+
+def _cpu_host(host: str, benchmark: bool, seconds: float, why: str) -> HostFingerprint:
+    device = fingerprint_cpu(host=host, benchmark=benchmark, seconds=seconds)
+    return HostFingerprint(hostname=host, source="cpu", devices=[device], nvml_error=why)

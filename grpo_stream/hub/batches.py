@@ -1,0 +1,85 @@
+"""Turning messages into groups and groups into TrainBatches.
+
+A group becomes trainable when its G completions are scored: rewards are combined by the
+scorer, advantages come from the GRPO core (`grpo_stream.algo.advantages`). A TrainBatch
+holds each valid completion as one sequence (prompt + completion tokens, flat with offsets),
+its behaviour log-probs (completion tokens only), advantage, reward and policy version.
+Completions whose reward failed (NaN) or that are empty carry no signal and are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.hub.replay import Group
+from grpo_stream.protocols.messages import Rollout, Scored, TrainBatch
+
+
+@dataclass
+class Assembled:
+    """A scored group and whether it carries a learning signal."""
+
+    group: Group
+    zero_signal: bool
+    failed: bool
+
+
+def assemble(rollout: Rollout, scored: Scored, settings: AdvantageSettings, batch_std: float | None) -> Assembled:
+    """Combine a Rollout and its Scored into a Group with advantages."""
+    import torch
+
+    from grpo_stream.algo.advantages import group_advantages
+
+    rewards = np.asarray(scored.rewards, dtype=np.float32)
+    result = group_advantages(torch.from_numpy(rewards.copy()), settings, batch_std=batch_std)
+    valid = result.valid_mask.numpy().astype(bool)
+    group = Group(
+        group_id=rollout.group_id,
+        policy_version=rollout.policy_version,
+        prompt_ids=np.array(rollout.prompt_ids, dtype=np.int32),
+        completion_ids=np.array(rollout.completion_ids, dtype=np.int32),
+        completion_offsets=np.array(rollout.completion_offsets, dtype=np.int64),
+        logprobs=np.array(rollout.logprobs, dtype=np.float32),
+        rewards=rewards,
+        advantages=result.advantages.numpy().astype(np.float32),
+        valid=valid,
+        truncated=list(rollout.truncated),
+    )
+    return Assembled(group=group, zero_signal=bool(result.zero_signal), failed=not valid.any())
+
+
+def build_batch(step: int, groups: list[Group], trainer_version: int, stats: dict[str, Any]) -> TrainBatch:
+    """Flatten groups into one TrainBatch (sequences in group order)."""
+    ids: list[np.ndarray] = []
+    logps: list[np.ndarray] = []
+    prompt_lens, advs, rewards, versions = [], [], [], []
+    for g in groups:
+        for i in range(g.size):
+            lo, hi = int(g.completion_offsets[i]), int(g.completion_offsets[i + 1])
+            if not g.valid[i] or hi == lo:
+                continue
+            ids.append(np.concatenate([g.prompt_ids, g.completion_ids[lo:hi]]))
+            logps.append(g.logprobs[lo:hi])
+            prompt_lens.append(len(g.prompt_ids))
+            advs.append(g.advantages[i])
+            rewards.append(g.rewards[i])
+            versions.append(g.policy_version)
+    lengths = [len(x) for x in ids]
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(lengths)
+    return TrainBatch(
+        step=step,
+        group_ids=np.array([g.group_id for g in groups], dtype=np.int64),
+        input_ids=np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32),
+        seq_offsets=offsets,
+        prompt_lens=np.array(prompt_lens, dtype=np.int32),
+        behaviour_logprobs=np.concatenate(logps).astype(np.float32) if logps else np.zeros(0, np.float32),
+        advantages=np.array(advs, dtype=np.float32),
+        rewards=np.array(rewards, dtype=np.float32),
+        versions=np.array(versions, dtype=np.int32),
+        stats={**stats, "staleness_mean": float(np.mean([trainer_version - v for v in versions])) if versions else 0.0},
+    )

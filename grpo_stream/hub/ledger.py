@@ -1,0 +1,235 @@
+"""The hub's ledger: where every prompt (group) is, who holds it, and the staleness gate.
+
+Invariant (checked by `check_invariant` and the tests): every dispatched group ends exactly
+once as trained, filtered, stale or failed; until then it is in exactly one of the stages
+queued (waiting for a generator, e.g. after its holder was lost), generating, to_score,
+scoring, or buffered. So at any moment
+
+    dispatched == trained + filtered + stale + failed + in_progress
+
+A Rollout or Scored for a group that is no longer at that stage (a duplicate from a holder
+declared lost that came back, or a re-dispatched copy that lost the race) is dropped and
+counted, so nothing reaches the trainer twice.
+
+The gate: a prompt dispatched now sits behind `in_pipeline` others; those are consumed
+`groups_per_step` per trainer step starting at `next_version`, so it will be trained at
+version next_version + position // groups_per_step. It is dispatched only if that is at
+most `max_staleness` steps after the version it is generated with (`min_version`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Stage = Literal["queued", "generating", "to_score", "scoring", "buffered"]
+TERMINAL = ("trained", "filtered", "stale", "failed")
+
+
+@dataclass
+class Lease:
+    """Work handed to one service instance, re-dispatched if the holder is lost or late."""
+
+    lease_id: int
+    holder: str
+    kind: Literal["generate", "score"]
+    group_ids: set[int]
+    deadline: float
+
+
+@dataclass
+class Ledger:
+    """Stage of every live group, leases, and the accounting counters."""
+
+    groups_per_step: int
+    max_staleness: int
+    lease_timeout_s: float
+    cursor: int = 0  # next dataset index: group ids are dataset indices
+    next_version: int = 0  # trainer version at its next batch request
+    stage: dict[int, Stage] = field(default_factory=dict)
+    lease_of: dict[int, int] = field(default_factory=dict)  # group -> lease id
+    leases: dict[int, Lease] = field(default_factory=dict)
+    retry: deque[int] = field(default_factory=deque)  # groups to (re)generate, oldest first
+    to_score: deque[int] = field(default_factory=deque)
+    counters: Counter[str] = field(default_factory=Counter)
+    _next_lease: int = 1
+
+    # ----- dispatch -------------------------------------------------------------------
+    def in_pipeline(self) -> int:
+        """Groups that will still reach the trainer for the first time."""
+        return len(self.stage)
+
+    def capacity(self) -> int:
+        """How many more groups the staleness gate lets out now."""
+        return max(0, self.groups_per_step * (self.max_staleness + 1) - self.in_pipeline())
+
+    def min_version(self, count: int) -> int:
+        """Policy version a batch of `count` new prompts must be generated with (at least)."""
+        last = self.in_pipeline() + count - 1
+        return max(0, self.next_version + last // self.groups_per_step - self.max_staleness)
+
+    def take_for_generation(self, holder: str, want: int, now: float) -> tuple[Lease, int] | None:
+        """Lease up to `want` groups (retries first, then new dataset indices)."""
+        count = min(want, len(self.retry) + self.capacity())
+        if count <= 0:
+            return None
+        min_version = self.min_version(count) if not self.retry else self.next_version
+        ids: list[int] = []
+        while self.retry and len(ids) < count:
+            ids.append(self.retry.popleft())
+            self.counters["redispatched"] += 1
+        while len(ids) < count:
+            ids.append(self.cursor)
+            self.cursor += 1
+            self.counters["dispatched"] += 1
+        lease = self._lease(holder, "generate", ids, now)
+        for gid in ids:
+            self.stage[gid] = "generating"
+        return lease, min(min_version, self.next_version)
+
+    def take_for_scoring(self, holder: str, now: float) -> tuple[Lease, int] | None:
+        if not self.to_score:
+            return None
+        gid = self.to_score.popleft()
+        lease = self._lease(holder, "score", [gid], now)
+        self.stage[gid] = "scoring"
+        return lease, gid
+
+    def _lease(self, holder: str, kind: Literal["generate", "score"], ids: list[int], now: float) -> Lease:
+        lease = Lease(self._next_lease, holder, kind, set(ids), now + self.lease_timeout_s)
+        self._next_lease += 1
+        self.leases[lease.lease_id] = lease
+        for gid in ids:
+            self.lease_of[gid] = lease.lease_id
+        return lease
+
+    # ----- results --------------------------------------------------------------------
+    def accept_rollout(self, group_id: int) -> bool:
+        """A group's completions arrived; False (counted) if it is not awaiting them."""
+        if self.stage.get(group_id) not in ("generating", "queued"):
+            self.counters["duplicates_dropped"] += 1
+            return False
+        if self.stage[group_id] == "queued":
+            self.retry.remove(group_id)  # its holder came back: keep its work
+        self._release(group_id)
+        self.stage[group_id] = "to_score"
+        self.to_score.append(group_id)
+        return True
+
+    def accept_scored(self, group_id: int) -> bool:
+        if self.stage.get(group_id) not in ("scoring", "to_score"):
+            self.counters["duplicates_dropped"] += 1
+            return False
+        if self.stage[group_id] == "to_score":
+            self.to_score.remove(group_id)
+        self._release(group_id)
+        self.stage[group_id] = "buffered"
+        return True
+
+    def finish(self, group_id: int, outcome: Literal["trained", "filtered", "stale", "failed"]) -> None:
+        """A group leaves the pipeline for good."""
+        if group_id in self.to_score:
+            self.to_score.remove(group_id)
+        if group_id in self.retry:
+            self.retry.remove(group_id)
+        self._release(group_id)
+        del self.stage[group_id]
+        self.counters[outcome] += 1
+
+    def _release(self, group_id: int) -> None:
+        lease_id = self.lease_of.pop(group_id, None)
+        if lease_id is None:
+            return
+        lease = self.leases.get(lease_id)
+        if lease is not None:
+            lease.group_ids.discard(group_id)
+            if not lease.group_ids:
+                del self.leases[lease_id]
+
+    # ----- loss of a holder -----------------------------------------------------------
+    def release_holder(self, holder: str) -> int:
+        """Put back everything `holder` held; returns how many groups."""
+        lost = [lease for lease in self.leases.values() if lease.holder == holder]
+        return sum(self._requeue(lease) for lease in lost)
+
+    def expire(self, now: float) -> int:
+        """Re-dispatch leases past their deadline."""
+        late = [lease for lease in self.leases.values() if lease.deadline < now]
+        return sum(self._requeue(lease) for lease in late)
+
+    def _requeue(self, lease: Lease) -> int:
+        del self.leases[lease.lease_id]
+        for gid in sorted(lease.group_ids):
+            self.lease_of.pop(gid, None)
+            if lease.kind == "generate":
+                self.stage[gid] = "queued"
+                self.retry.append(gid)
+            else:
+                self.stage[gid] = "to_score"
+                self.to_score.appendleft(gid)
+            self.counters[f"requeued_{lease.kind}"] += 1
+        return len(lease.group_ids)
+
+    # ----- accounting -----------------------------------------------------------------
+    def check_invariant(self) -> None:
+        """Raise AssertionError if a group was lost or counted twice."""
+        done = sum(self.counters[k] for k in TERMINAL)
+        if self.counters["dispatched"] != done + self.in_pipeline():
+            raise AssertionError(
+                f"accounting: dispatched={self.counters['dispatched']} != "
+                f"terminal={done} + in_progress={self.in_pipeline()}"
+            )
+
+    def summary(self) -> dict[str, int]:
+        out = {k: int(self.counters[k]) for k in ("dispatched", *TERMINAL)}
+        out.update(
+            in_progress=self.in_pipeline(),
+            redispatched=int(self.counters["redispatched"]),
+            duplicates_dropped=int(self.counters["duplicates_dropped"]),
+        )
+        return out
+
+    # ----- checkpoint -----------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Msgpack-native state; leases are not kept: their groups are re-queued on restore
+        (a late result from the old holder is still accepted once)."""
+        return {
+            "cursor": self.cursor,
+            "next_version": self.next_version,
+            "stage": {str(k): v for k, v in self.stage.items()},
+            "retry": list(self.retry),
+            "to_score": list(self.to_score),
+            "counters": dict(self.counters),
+            "next_lease": self._next_lease,
+        }
+
+    def load_state(self, state: dict[str, Any], scored: set[int]) -> None:
+        """Restore; groups that were leased go back to their queue. `scored`: groups whose
+        rollout the hub still holds (awaiting a score)."""
+        self.cursor = int(state["cursor"])
+        self.next_version = int(state["next_version"])
+        self.counters = Counter({k: int(v) for k, v in state["counters"].items()})
+        self._next_lease = int(state["next_lease"])
+        self.leases.clear()
+        self.lease_of.clear()
+        self.retry = deque(int(g) for g in state["retry"])
+        self.to_score = deque(int(g) for g in state["to_score"])
+        self.stage = {}
+        for key, stage in state["stage"].items():
+            gid = int(key)
+            if stage == "generating" or (stage in ("to_score", "scoring") and gid not in scored):
+                self.stage[gid] = "queued"
+                if gid not in self.retry:
+                    self.retry.append(gid)
+            elif stage == "scoring":
+                self.stage[gid] = "to_score"
+                if gid not in self.to_score:
+                    self.to_score.append(gid)
+            else:
+                self.stage[gid] = stage
+
+
+def now() -> float:
+    return time.monotonic()

@@ -1,0 +1,84 @@
+"""Who is connected to the hub: services, their credits, heartbeats and reported stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Peer:
+    """One registered service instance."""
+
+    service: str
+    instance: str
+    identity: bytes
+    host: str
+    pid: int
+    rank: int
+    fingerprint: dict[str, Any]
+    last_seen: float
+    credits: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+    joined: int = 1  # times this instance registered (restarts)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "service": self.service,
+            "instance": self.instance,
+            "host": self.host,
+            "pid": self.pid,
+            "rank": self.rank,
+            "credits": self.credits,
+            "joined": self.joined,
+            "device": self.fingerprint.get("summary", ""),
+            **{k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
+        }
+
+
+class Registry:
+    """Peers by instance name; lost peers are removed and counted."""
+
+    def __init__(self, heartbeat_timeout_s: float) -> None:
+        self.timeout = heartbeat_timeout_s
+        self.peers: dict[str, Peer] = {}
+        self.lost_total = 0
+        self._history: dict[str, int] = {}
+
+    def register(self, peer: Peer) -> Peer:
+        peer.joined = self._history.get(peer.instance, 0) + 1
+        self._history[peer.instance] = peer.joined
+        self.peers[peer.instance] = peer
+        return peer
+
+    def by_identity(self, identity: bytes) -> Peer | None:
+        for peer in self.peers.values():
+            if peer.identity == identity:
+                return peer
+        return None
+
+    def beat(self, instance: str, now: float, stats: dict[str, Any] | None = None) -> bool:
+        peer = self.peers.get(instance)
+        if peer is None:
+            return False
+        peer.last_seen = now
+        if stats:
+            peer.stats.update(stats)
+        return True
+
+    def remove(self, instance: str) -> Peer | None:
+        return self.peers.pop(instance, None)
+
+    def expire(self, now: float) -> list[Peer]:
+        """Remove and return peers silent past the heartbeat deadline."""
+        lost = [p for p in self.peers.values() if now - p.last_seen > self.timeout]
+        for peer in lost:
+            del self.peers[peer.instance]
+        self.lost_total += len(lost)
+        return lost
+
+    def of(self, service: str) -> list[Peer]:
+        return [p for p in self.peers.values() if p.service == service]
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [p.describe() for p in self.peers.values()]

@@ -1,0 +1,83 @@
+"""Run config: TOML, overrides, one clear error line naming the field."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from grpo_stream.config import ConfigError, RunConfig, config_from_dict, load_config
+
+
+def test_defaults_are_the_embedded_tiny_run() -> None:
+    cfg = load_config()
+    assert cfg.model.name_or_path == "grpo-stream/tiny-arith"
+    assert cfg.task.name == "arith" and cfg.generator.engine == "hf"
+
+
+def test_overrides_are_parsed_as_toml_values() -> None:
+    cfg = load_config(None, ["trainer.lr=1e-3", "hub.max_staleness=0", "algo.loss.aggregation=dapo"])
+    assert cfg.trainer.lr == 1e-3 and cfg.hub.max_staleness == 0
+    assert cfg.algo.loss.aggregation == "dapo"
+
+
+def test_file_then_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("[generator]\ngroup_size = 4\n[trainer]\nlr = 0.5\n")
+    cfg = load_config(path, ["trainer.lr=0.25"])
+    assert cfg.generator.group_size == 4 and cfg.trainer.lr == 0.25
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("generator.group_size=0", "generator.group_size"),
+        ("trainer.lr=-1", "trainer.lr"),
+        ("hub.nope=1", "hub.nope"),
+        ("generator.engine=\"tgi\"", "generator.engine"),
+    ],
+)
+def test_invalid_value_names_the_field(override: str, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cross_field_check_capacity_vs_batch() -> None:
+    with pytest.raises(ConfigError, match="capacity"):
+        load_config(None, ["hub.groups_per_step=64", "hub.replay.capacity=8"])
+
+
+def test_missing_file_and_bad_toml_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(bad)
+
+
+def test_override_without_equals_is_refused() -> None:
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["trainer.lr"])
+
+
+def test_resolved_toml_round_trips() -> None:
+    cfg = load_config(None, ['task.rewards=[{name="exact_match", weight=2.0}]', "run.max_steps=7"])
+    again = config_from_dict(tomllib.loads(cfg.to_toml()))
+    assert again == cfg and again.digest() == cfg.digest()
+
+
+def test_every_field_is_documented() -> None:
+    def undocumented(model: type, prefix: str) -> list[str]:
+        missing = []
+        for name, info in model.model_fields.items():  # type: ignore[attr-defined]
+            if not info.description:
+                missing.append(prefix + name)
+            ann = info.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                missing += undocumented(ann, f"{prefix}{name}.")
+        return missing
+
+    assert undocumented(RunConfig, "") == []
