@@ -1,0 +1,130 @@
+"""Cost of the full regularized GRPO step against a bare log-prob training step.
+
+Full step: chunked token_logprobs (with grad, entropies under no_grad), grpo_loss, backward,
+the rollback guard's finiteness check, the gradient regularizer and an AdamW step.
+Bare step: model(...).logits -> log_softmax -> gather -> mean, backward, AdamW step.
+Same model, same batch; repetitions interleaved (alternating which goes first) so drift in a
+shared machine's load hits both; medians are reported. The last line is the ratio
+(goal <= 1.10).
+
+    python bench/loss.py [--reps 15] [--batch 64] [--tokens 48] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from grpo_stream.algo.logprobs import token_logprobs
+from grpo_stream.algo.loss import grpo_loss
+from grpo_stream.algo.regularizer import GradRegularizer
+from grpo_stream.algo.rollback import RollbackGuard
+from grpo_stream.algo.settings import LossSettings, RegularizerSettings, RollbackSettings
+
+
+def build_model(vocab: int) -> Any:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    model = Qwen2ForCausalLM(config)  # float32 parameters
+    model.train()
+    return model
+
+
+def make_batch(batch: int, tokens: int, vocab: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, tokens), generator=gen)
+    attention = torch.ones(batch, tokens, dtype=torch.long)
+    completion = torch.zeros(batch, tokens, dtype=torch.bool)
+    prompt = tokens // 3
+    for i in range(batch):
+        end = tokens - (i % 5)  # completions of different lengths, right-padded
+        attention[i, end:] = 0
+        completion[i, prompt:end] = True
+    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+
+
+def timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--vocab", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--chunk", type=int, default=LossSettings().logprob_chunk)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    model = build_model(args.vocab)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    data = make_batch(args.batch, args.tokens, args.vocab)
+    ids, attention, mask = data["input_ids"], data["attention_mask"], data["completion_mask"]
+    gen = torch.Generator().manual_seed(1)
+    old_logp = torch.where(mask, -3.4 + 0.1 * torch.randn(mask.shape, generator=gen), 0.0)
+    advantages = torch.randn(args.batch, generator=gen)
+    loss_settings = LossSettings(logprob_chunk=args.chunk)
+    regularizer = GradRegularizer(RegularizerSettings())
+    guard = RollbackGuard(RollbackSettings())
+
+    def grpo_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        logp, entropy = token_logprobs(
+            model, ids, attention, mask, chunk=loss_settings.logprob_chunk
+        )
+        loss, _ = grpo_loss(logp, old_logp, advantages, mask, loss_settings, entropy=entropy)
+        loss.backward()  # type: ignore[no-untyped-call]
+        if guard.check(loss, params):
+            regularizer.apply(params)
+            optimizer.step()
+
+    def bare_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, attention_mask=attention).logits  # (B, T, V)
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        loss = -logp.gather(-1, ids[:, 1:, None]).mean()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+
+    for _ in range(2):  # warm-up
+        grpo_step()
+        bare_step()
+    grpo_times: list[float] = []
+    bare_times: list[float] = []
+    for rep in range(args.reps):
+        order = [(grpo_step, grpo_times), (bare_step, bare_times)]
+        for fn, times in order if rep % 2 == 0 else order[::-1]:
+            times.append(timed(fn))
+    grpo_ms = 1e3 * statistics.median(grpo_times)
+    bare_ms = 1e3 * statistics.median(bare_times)
+    n_params = sum(p.numel() for p in params)
+    print(
+        f"model {n_params / 1e6:.2f}M params, batch {args.batch}x{args.tokens}, chunk {args.chunk}"
+    )
+    print(f"bare step (log_softmax mean loss)  {bare_ms:8.1f} ms")
+    print(f"grpo step (full regularized step)  {grpo_ms:8.1f} ms")
+    print(f"ratio grpo/bare {grpo_ms / bare_ms:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The rollback guard: a non-finite loss or gradient restores the last stable state.
+
+The trainer's step reads: forward, backward, `guard.check(loss, params)`; if it fails, skip
+the optimizer step and call `guard.rollback(...)`; else regularize, step, `guard.stable()`,
+and `guard.snapshot(...)` whenever it wants a new restore point (disk checkpoints are the
+trainer's own business).
+
+Invariants:
+- A rollback restores model, optimizer and regularizer to the last snapshot, drops the
+  (non-finite) gradients, then multiplies each param group's lr as it was at the failure by
+  lr_factor and tau as it was at the failure by tau_raise; so consecutive rollbacks compound.
+  An lr scheduler that rewrites lr must multiply by `lr_scale` to keep the reductions.
+- At most `max_consecutive` rollbacks happen in a row: the next failure raises
+  `TooManyRollbacks` and restores nothing. `stable()` (a good step) resets the count.
+- With torch.distributed initialised, `check` agrees across ranks (any rank's failure fails
+  all), so every rank rolls back together.
+- Memory: the snapshot holds a copy of the model's state dict (1x parameters and buffers) and
+  of the optimizer state (2x parameters for AdamW), on the parameters' device unless
+  `snapshot_on_cpu`; take it only as often as you need a restore point.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import torch
+
+from grpo_stream.algo.regularizer import GradRegularizer
+from grpo_stream.algo.settings import RollbackSettings
+
+log = structlog.get_logger()
+
+
+class TooManyRollbacks(RuntimeError):
+    """Raised when more than rollback.max_consecutive steps in a row were non-finite."""
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    regularizer: dict[str, Any]
+
+
+def _clone_tree(obj: Any, device: torch.device | None) -> Any:
+    """Deep copy of a nest of dicts/lists/tuples whose tensors are cloned (to `device`)."""
+    if isinstance(obj, torch.Tensor):
+        out = obj.detach()
+        return out.to(device, copy=True) if device is not None else out.clone()
+    if isinstance(obj, dict):
+        return {k: _clone_tree(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone_tree(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_clone_tree(v, device) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class RollbackGuard:
+    """Keeps the last stable state in memory and restores it on a non-finite step."""
+
+    def __init__(self, settings: RollbackSettings) -> None:
+        self.settings = settings
+        self.consecutive = 0  # rollbacks since the last stable step
+        self.total = 0  # rollbacks in this process
+        self.last_cause: str | None = None  # what the last failed `check` found
+        self._snap: _Snapshot | None = None
+
+    @property
+    def snapshot_step(self) -> int | None:
+        """Step of the state a rollback would restore (None before the first snapshot)."""
+        return None if self._snap is None else self._snap.step
+
+    @property
+    def lr_scale(self) -> float:
+        """Product of the lr factors applied so far (for a scheduler that rewrites lr)."""
+        return float(self.settings.lr_factor**self.total)
+
+    def snapshot(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        regularizer: GradRegularizer,
+        step: int,
+    ) -> None:
+        """Copy the current (stable) state as the restore point."""
+        device = torch.device("cpu") if self.settings.snapshot_on_cpu else None
+        self._snap = _Snapshot(
+            step=step,
+            model=_clone_tree(model.state_dict(), device),
+            optimizer=_clone_tree(optimizer.state_dict(), device),
+            regularizer=copy.deepcopy(regularizer.state_dict()),
+        )
+
+    def check(self, loss: torch.Tensor, parameters: Iterable[torch.Tensor]) -> bool:
+        """True when the loss and every gradient are finite (on every rank); one host sync."""
+        bad_loss = ~torch.isfinite(loss.detach()).all()
+        grad_flags = [~torch.isfinite(p.grad).all() for p in parameters if p.grad is not None]
+        bad_grad = torch.stack(grad_flags).any() if grad_flags else torch.zeros_like(bad_loss)
+        bad = torch.stack([bad_loss, bad_grad.to(bad_loss.device)]).int()  # (2,)
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        loss_bad, grad_bad = (bool(v) for v in bad.tolist())
+        if loss_bad:
+            self.last_cause = "non_finite_loss"
+        elif grad_bad:
+            self.last_cause = "non_finite_grad"
+        return not (loss_bad or grad_bad)
+
+    def rollback(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        regularizer: GradRegularizer,
+        step: int,
+        cause: str,
+    ) -> None:
+        """Restore the snapshot, lower lr, raise tau, log `grpo.rollback`.
+
+        Raises TooManyRollbacks when this would be rollback max_consecutive + 1 in a row.
+        """
+        if self._snap is None:
+            raise RuntimeError("rollback before any snapshot: call guard.snapshot() first")
+        self.consecutive += 1
+        limit = self.settings.max_consecutive
+        if self.consecutive > limit:
+            log.error("grpo.rollback_limit", step=step, cause=cause, consecutive=limit)
+            raise TooManyRollbacks(
+                f"step {step}: non-finite again ({cause}) after {limit} rollbacks in a row "
+                f"(rollback.max_consecutive={limit}); lower trainer.lr or raise "
+                "rollback.max_consecutive"
+            )
+        pre_lrs = [group["lr"] for group in optimizer.param_groups]
+        pre_tau = regularizer.tau
+        model.load_state_dict(self._snap.model)
+        # load_state_dict may keep the tensors it is given: hand it a copy, keep the snapshot
+        optimizer.load_state_dict(_clone_tree(self._snap.optimizer, None))
+        reg_state = dict(self._snap.regularizer)
+        if pre_tau is not None:
+            reg_state["tau"] = pre_tau
+        regularizer.load_state_dict(reg_state)
+        regularizer.raise_tau(self.settings.tau_raise)
+        for group, lr in zip(optimizer.param_groups, pre_lrs, strict=True):
+            group["lr"] = lr * self.settings.lr_factor
+        model.zero_grad(set_to_none=True)
+        self.total += 1
+        log.warning(
+            "grpo.rollback",
+            step=step,
+            cause=cause,
+            consecutive=self.consecutive,
+            restored_step=self._snap.step,
+            lr=[float(g["lr"]) for g in optimizer.param_groups],
+            tau=regularizer.tau,
+        )
+
+    def stable(self) -> None:
+        """A finite step went through: the consecutive-rollback count starts again."""
+        self.consecutive = 0

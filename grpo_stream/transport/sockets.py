@@ -1,0 +1,342 @@
+"""Thin wrappers over ZeroMQ sockets that speak grpo_stream.protocols messages.
+
+Invariants:
+- Every socket has its high-water marks, LINGER, send/receive timeouts and MAXMSGSIZE set
+  explicitly (see `_configure`), so every hop is bounded and no call blocks forever.
+- A malformed incoming message never raises: it is counted in `.rejected` by error code, logged
+  (at most once per code per 10 s, with the number seen since), answered with `Error` where the
+  socket can address the sender (ROUTER), and `recv` returns None. The socket keeps serving.
+- `Server.send` never blocks: a peer whose queue is at the high-water mark, or that is gone,
+  does not get the message; the drop is counted in `.dropped` by reason, logged (rate-limited)
+  and `send` returns False. One slow peer can never stall a server that serves many.
+- `Client.send` waits at most transport.io_timeout_ms for room, then raises `SendTimeout`: a
+  service whose only peer does not drain has nothing better to do than notice.
+- `recv(timeout_ms)` may return None before the timeout (a malformed message was dropped);
+  loops keep their own deadline.
+- A frame over transport.max_frame_bytes never reaches Python: libzmq (MAXMSGSIZE) drops the
+  connection of the peer that sent it, so it is neither counted nor answered.
+- With security.curve on, a context must be closed with `close_context` (it stops the
+  authenticator thread first; a bare `ctx.term()` would wait for that thread forever).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import Counter
+from typing import Any
+
+import structlog
+import zmq
+
+from grpo_stream.protocols.codec import Limits, ProtocolError, decode, encode
+from grpo_stream.protocols.messages import Error, Hello, Message, Welcome
+from grpo_stream.transport.curve import secure_client, secure_server, stop_authenticator
+from grpo_stream.transport.errors import HandshakeRefused as HandshakeRefused
+from grpo_stream.transport.errors import HandshakeTimeout as HandshakeTimeout
+from grpo_stream.transport.errors import SendTimeout as SendTimeout
+from grpo_stream.transport.errors import TransportError as TransportError
+from grpo_stream.transport.heartbeat import Heartbeats as Heartbeats
+from grpo_stream.transport.heartbeat import HeartbeatSender as HeartbeatSender
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+
+log = structlog.get_logger()
+
+Context = zmq.Context[Any]
+Socket = zmq.Socket[Any]
+
+LOG_EVERY_S = 10.0
+"""A repeated rejection or drop (same code) is logged at most this often, with a count."""
+
+
+def make_context() -> Context:
+    """A fresh ZeroMQ context (one per process; sockets are per thread)."""
+    return zmq.Context()
+
+
+def close_context(ctx: Context) -> None:
+    """Stop the context's CURVE authenticator, close any socket left open, terminate.
+
+    Call it once the threads that use the context's sockets have stopped.
+    """
+    stop_authenticator(ctx)
+    ctx.destroy(linger=0)
+
+
+class SendStatus(enum.Enum):
+    SENT = "sent"
+    FULL = "full"  # the peer's queue is at the high-water mark
+    UNREACHABLE = "unreachable"  # no connected peer has this identity
+
+
+class _Throttle:
+    """Decides when a repeated event may be logged again; counts the ones held back."""
+
+    def __init__(self, period_s: float = LOG_EVERY_S) -> None:
+        self._period_s = period_s
+        self._last: dict[str, float] = {}
+        self._held: Counter[str] = Counter()
+
+    def allow(self, key: str, now: float) -> int | None:
+        """None to stay quiet; else how many events of `key` were seen since the last log."""
+        self._held[key] += 1
+        last = self._last.get(key)
+        if last is not None and now - last < self._period_s:
+            return None
+        self._last[key] = now
+        count = self._held.pop(key)
+        return count
+
+
+def _peer_name(identity: bytes | None) -> str | None:
+    return None if identity is None else identity.decode("utf-8", errors="backslashreplace")
+
+
+def _configure(sock: Socket, settings: TransportSettings) -> None:
+    # Bound the queue per peer in each direction: a slow consumer makes its sender hit the
+    # mark (PUB drops, ROUTER reports FULL, DEALER waits then raises) instead of growing memory.
+    sock.setsockopt(zmq.SNDHWM, settings.hwm)
+    sock.setsockopt(zmq.RCVHWM, settings.hwm)
+    # Closing never waits for messages to a dead peer, so shutdown cannot hang.
+    sock.setsockopt(zmq.LINGER, settings.linger_ms)
+    # A raw socket.recv/send (e.g. by a caller using .socket) fails after this instead of
+    # blocking forever; our recv() polls with the caller's timeout first.
+    sock.setsockopt(zmq.RCVTIMEO, settings.io_timeout_ms)
+    sock.setsockopt(zmq.SNDTIMEO, settings.io_timeout_ms)
+    # libzmq checks this per frame while reading from the wire and disconnects a peer that
+    # announces a larger frame *before allocating it*; the codec then checks the whole
+    # message against max_message_bytes. So the per-frame limit is the right value here.
+    sock.setsockopt(zmq.MAXMSGSIZE, settings.max_frame_bytes)
+
+
+class _Endpoint:
+    """What every wrapper shares: the socket, limits, decoding with counted rejections."""
+
+    def __init__(self, ctx: Context, socket_type: int, settings: TransportSettings, name: str):
+        self.name = name
+        self.settings = settings
+        self.rejected: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
+        self._limits = Limits(
+            max_message_bytes=settings.max_message_bytes, max_frame_bytes=settings.max_frame_bytes
+        )
+        self._throttle = _Throttle()
+        self.socket: Socket = ctx.socket(socket_type)
+        _configure(self.socket, settings)
+
+    def _decode(self, frames: list[zmq.Frame], peer: bytes | None) -> Message | ProtocolError:
+        try:
+            return decode(frames, self._limits)
+        except ProtocolError as exc:
+            self.rejected[exc.code] += 1
+            count = self._throttle.allow(f"rejected:{exc.code}", time.monotonic())
+            if count is not None:
+                log.warning(
+                    "transport.rejected", socket=self.name, code=exc.code, error=str(exc),
+                    peer=_peer_name(peer), count=count,
+                    total=self.rejected[exc.code],
+                )  # fmt: skip
+            return exc
+
+    def _note_drop(self, reason: str, msg: Message, peer: bytes | None = None) -> None:
+        self.dropped[reason] += 1
+        count = self._throttle.allow(f"dropped:{reason}", time.monotonic())
+        if count is not None:
+            log.warning(
+                "transport.dropped", socket=self.name, reason=reason, kind=type(msg).__name__,
+                peer=_peer_name(peer), count=count,
+                total=self.dropped[reason],
+            )  # fmt: skip
+
+    def _poll_frames(self, timeout_ms: int) -> list[zmq.Frame] | None:
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            return None
+        try:
+            return self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+
+    def close(self) -> None:
+        self.socket.close(linger=self.settings.linger_ms)
+
+
+def _bind(sock: Socket, address: str, name: str) -> str:
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise TransportError(f"{name}: cannot bind {address}: {exc}") from exc
+    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)  # resolves port 0
+    return endpoint
+
+
+class Server(_Endpoint):
+    """ROUTER that binds: answers many identified peers."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        bind: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        name: str,
+    ) -> None:
+        super().__init__(ctx, zmq.ROUTER, settings, name)
+        # A send to a full or unknown peer raises instead of vanishing, so drops are counted.
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A restarted peer that reuses its identity takes over the old connection.
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        secure_server(ctx, self.socket, security)
+        self.address = _bind(self.socket, bind, name)
+        log.info("transport.bound", socket=name, type="router", address=self.address)
+
+    def recv(self, timeout_ms: int) -> tuple[bytes, Message] | None:
+        """(identity, message), or None on timeout or after rejecting a malformed message."""
+        frames = self._poll_frames(timeout_ms)
+        if frames is None:
+            return None
+        identity = frames[0].bytes
+        msg = self._decode(frames[1:], identity)
+        if isinstance(msg, ProtocolError):
+            self.send(identity, Error(code=msg.code, message=str(msg), in_reply_to=msg.kind))
+            return None
+        return identity, msg
+
+    def try_send(self, identity: bytes, msg: Message) -> SendStatus:
+        """Queue `msg` for `identity` without blocking; counts nothing."""
+        try:
+            self.socket.send_multipart([identity, *encode(msg)], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return SendStatus.FULL
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return SendStatus.UNREACHABLE
+            raise
+        return SendStatus.SENT
+
+    def send(self, identity: bytes, msg: Message) -> bool:
+        """Queue `msg` for `identity`; False (counted in .dropped, logged) if it was dropped."""
+        status = self.try_send(identity, msg)
+        if status is not SendStatus.SENT:
+            self._note_drop(status.value, msg, identity)
+        return status is SendStatus.SENT
+
+
+class Client(_Endpoint):
+    """DEALER that connects to one Server under a stable identity."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        connect: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        identity: str,
+    ) -> None:
+        super().__init__(ctx, zmq.DEALER, settings, identity)
+        # The server addresses replies by this; unique per process, stable across reconnects.
+        self.socket.setsockopt(zmq.IDENTITY, identity.encode())
+        secure_client(self.socket, security)
+        self.address = connect
+        self.identity = identity
+        self.socket.connect(connect)
+
+    def send(self, msg: Message) -> None:
+        """Queue `msg`; raises SendTimeout when no room came within transport.io_timeout_ms."""
+        try:
+            self.socket.send_multipart(encode(msg), copy=False)
+        except zmq.Again as exc:
+            raise SendTimeout(
+                f"{self.identity}: could not queue {type(msg).__name__} for {self.address} "
+                f"within transport.io_timeout_ms={self.settings.io_timeout_ms}"
+            ) from exc
+
+    def recv(self, timeout_ms: int) -> Message | None:
+        """The next message, or None on timeout or after dropping a malformed one."""
+        frames = self._poll_frames(timeout_ms)
+        if frames is None:
+            return None
+        msg = self._decode(frames, None)
+        return None if isinstance(msg, ProtocolError) else msg
+
+
+class Announcer(_Endpoint):
+    """PUB that binds: broadcasts small announcements (a slow subscriber misses some)."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        bind: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        name: str,
+    ) -> None:
+        super().__init__(ctx, zmq.PUB, settings, name)
+        secure_server(ctx, self.socket, security)
+        self.address = _bind(self.socket, bind, name)
+        log.info("transport.bound", socket=name, type="pub", address=self.address)
+
+    def publish(self, msg: Message) -> None:
+        """Send to every subscriber; never blocks (PUB drops for a subscriber at its HWM)."""
+        try:
+            self.socket.send_multipart(encode(msg), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._note_drop("full", msg)
+
+
+class Subscriber(_Endpoint):
+    """SUB that connects to an Announcer and receives everything it publishes.
+
+    No CONFLATE: libzmq's conflation breaks multipart messages. A reader that wants only the
+    newest announcement drains with `recv(0)` until None (see weights.WeightsWatcher).
+    Subscriptions take a moment to reach the publisher, so the first announcements after
+    connecting can be missed; announcements are hints, never the only way to learn state.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        connect: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        name: str,
+    ) -> None:
+        super().__init__(ctx, zmq.SUB, settings, name)
+        secure_client(self.socket, security)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.address = connect
+        self.socket.connect(connect)
+
+    def recv(self, timeout_ms: int) -> Message | None:
+        frames = self._poll_frames(timeout_ms)
+        if frames is None:
+            return None
+        msg = self._decode(frames, None)
+        return None if isinstance(msg, ProtocolError) else msg
+
+
+def handshake(client: Client, hello: Hello, timeout_s: float) -> Welcome:
+    """Send Hello and wait for the hub's Welcome.
+
+    Raises HandshakeRefused when the hub answers with Error, HandshakeTimeout (naming the
+    address and transport.handshake_timeout_s) when nothing usable arrives in time.
+    """
+    client.send(hello)
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        reply = client.recv(max(1, int(left * 1000)))
+        if isinstance(reply, Welcome):
+            log.info("transport.handshake_done", address=client.address)
+            return reply
+        if isinstance(reply, Error):
+            raise HandshakeRefused(
+                f"hub at {client.address} refused Hello: {reply.message} ({reply.code})",
+                code=reply.code,
+            )
+        if reply is not None:
+            log.warning("transport.handshake_unexpected", kind=type(reply).__name__)
+    raise HandshakeTimeout(
+        f"no Welcome from {client.address} within {timeout_s:g} s: is the hub running there "
+        "(and with security.curve on, are the keys right)? "
+        "Raise transport.handshake_timeout_s to wait longer"
+    )

@@ -1,0 +1,182 @@
+"""The GRPO loss: gradients, clipping, dual clip, importance weights, KL, aggregation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from grpo_stream.algo.logprobs import token_logprobs
+from grpo_stream.algo.loss import grpo_loss, loss_totals
+from grpo_stream.algo.settings import LossSettings
+
+
+def model_batch(b: int = 6, t: int = 10, vocab: int = 16) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (b, t), generator=gen)
+    attention = torch.ones(b, t, dtype=torch.long)
+    completion = torch.zeros(b, t, dtype=torch.bool)
+    for i in range(b):
+        end = t - (i % 3)  # rows of different completion lengths, right-padded
+        attention[i, end:] = 0
+        completion[i, 3:end] = True
+    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+
+
+def leaf(values: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(values, requires_grad=True)
+
+
+def test_gradient_at_ratio_one_equals_policy_gradient(tiny_model: Any) -> None:
+    data = model_batch()
+    mask = data["completion_mask"]
+    advantages = torch.tensor([1.0, -0.5, 2.0, 0.0, -1.5, 0.3])
+    params = list(tiny_model.parameters())
+    logp, _ = token_logprobs(tiny_model, **data, chunk=4)
+    loss, _ = grpo_loss(logp, logp.detach(), advantages, mask, LossSettings())
+    got = torch.autograd.grad(loss, params)
+    logp, _ = token_logprobs(tiny_model, **data, chunk=4)
+    mean_t = (logp * mask).sum(-1) / mask.sum(-1)  # (B,)
+    reference = -(advantages * mean_t).sum() / mask.shape[0]
+    expected = torch.autograd.grad(reference, params)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    [("grpo", 0.5), ("dapo", -0.25), ("dr_grpo", -0.125)],
+)
+def test_aggregation_matches_hand_computation(aggregation: str, expected: float) -> None:
+    # ratio 1, so each token's loss is -A: row 0 has 3 tokens of -1, row 1 one token of +2
+    logp = torch.zeros(2, 4)
+    mask = torch.tensor([[True, True, True, False], [False, True, False, False]])
+    settings = LossSettings.model_validate({"aggregation": aggregation})
+    loss, _ = grpo_loss(logp, logp, torch.tensor([1.0, -2.0]), mask, settings, max_tokens=4)
+    assert loss.item() == pytest.approx(expected)
+
+
+def test_dr_grpo_needs_max_tokens() -> None:
+    logp = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="max_tokens"):
+        grpo_loss(logp, logp, torch.ones(1), logp.bool(), LossSettings(aggregation="dr_grpo"))
+
+
+def test_masked_tokens_never_count_even_when_nan() -> None:
+    mask = torch.tensor([[True, True, False]])
+    clean = leaf([[-0.5, -1.0, 0.0]])
+    dirty = leaf([[-0.5, -1.0, math.nan]])
+    old = torch.tensor([[-0.6, -0.9, math.inf]])
+    settings = LossSettings(aggregation="dapo")
+    a, _ = grpo_loss(clean, old.nan_to_num(posinf=0.0), torch.ones(1), mask, settings)
+    b, _ = grpo_loss(dirty, old, torch.ones(1), mask, settings)
+    a.backward()
+    b.backward()
+    assert a.item() == b.item()
+    assert dirty.grad is not None and clean.grad is not None
+    assert torch.equal(dirty.grad, clean.grad) and dirty.grad[0, 2] == 0
+
+
+def test_gradient_vanishes_exactly_on_clipped_tokens() -> None:
+    # row 0 (A > 0): ratios 1, 1.5 (above 1 + 0.28: clipped), 0.5 (unclipped branch)
+    # row 1 (A < 0): ratios 1, 0.5 (below 1 - 0.2: clipped), 1.5 (unclipped branch)
+    logp = leaf([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    old = -torch.log(torch.tensor([[1.0, 1.5, 0.5], [1.0, 0.5, 1.5]]))
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    loss, metrics = grpo_loss(logp, old, torch.tensor([1.0, -1.0]), mask, LossSettings())
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0, 1] == 0 and logp.grad[1, 1] == 0
+    others = [logp.grad[0, 0], logp.grad[0, 2], logp.grad[1, 0], logp.grad[1, 2]]
+    assert all(g != 0 for g in others)
+    assert metrics["clip_frac_low"] == pytest.approx(1 / 6)
+    assert metrics["clip_frac_high"] == pytest.approx(1 / 6)
+    assert metrics["clip_frac"] == pytest.approx(2 / 6)
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_dual_clip_bounds_negative_advantage_loss_and_stops_its_gradient() -> None:
+    logp = leaf([[math.log(5.0), math.log(2.0)]])  # ratios 5 (> c = 3) and 2 (< c)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    settings = LossSettings(dual_clip=3.0, aggregation="dapo")
+    loss, metrics = grpo_loss(logp, torch.zeros(1, 2), torch.tensor([-1.0]), mask, settings)
+    loss.backward()
+    assert loss.item() == pytest.approx((3.0 + 2.0) / 2)
+    assert logp.grad is not None and logp.grad[0, 0] == 0 and logp.grad[0, 1] != 0
+    assert metrics["dual_clip_frac"] == pytest.approx(0.5)
+
+
+def test_truncated_importance_weight_scales_gradient_and_is_capped() -> None:
+    logp = leaf([[0.0, 0.0]])
+    trainer_old = torch.zeros(1, 2)  # ratio against the trainer's old log-probs is 1
+    behaviour = -torch.log(torch.tensor([[0.5, 3.0]]))  # weights 0.5 and 3 -> capped at 2
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    settings = LossSettings(is_cap=2.0, aggregation="dapo")
+    loss, metrics = grpo_loss(
+        logp, behaviour, torch.ones(1), mask, settings, trainer_old_logp=trainer_old
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(-(0.5 + 2.0) / 2)
+    assert logp.grad is not None
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, -1.0]]))
+    assert metrics["is_trunc_frac"] == pytest.approx(0.5)
+
+
+def test_k3_kl_matches_hand_computation_and_is_weighted_by_beta() -> None:
+    logp = torch.zeros(1, 2)
+    ref = torch.tensor([[0.5, -0.3]])
+    k3 = [math.exp(0.5) - 0.5 - 1, math.exp(-0.3) + 0.3 - 1]
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    settings = LossSettings(beta=0.1, aggregation="dapo")
+    loss, metrics = grpo_loss(logp, logp, torch.zeros(1), mask, settings, ref_logp=ref)
+    assert metrics["kl"] == pytest.approx(sum(k3) / 2)
+    assert loss.item() == pytest.approx(0.1 * sum(k3) / 2)
+
+
+def test_positive_beta_without_reference_is_an_error() -> None:
+    logp = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="ref_logp"):
+        grpo_loss(logp, logp, torch.ones(1), logp.bool(), LossSettings(beta=0.1))
+
+
+def test_entropy_metric_is_mean_over_completion_tokens() -> None:
+    logp = torch.zeros(1, 3)
+    mask = torch.tensor([[False, True, True]])
+    entropy = torch.tensor([[9.0, 1.0, 2.0]])
+    _, metrics = grpo_loss(logp, logp, torch.ones(1), mask, LossSettings(), entropy=entropy)
+    assert metrics["entropy"] == pytest.approx(1.5)
+    assert metrics["num_tokens"] == 2
+
+
+@pytest.mark.parametrize("aggregation", ["grpo", "dapo", "dr_grpo"])
+def test_micro_batch_accumulation_equals_full_batch(tiny_model: Any, aggregation: str) -> None:
+    data = model_batch()
+    mask = data["completion_mask"]
+    settings = LossSettings.model_validate(
+        {"aggregation": aggregation, "eps_low": 0.01, "eps_high": 0.01}
+    )
+    gen = torch.Generator().manual_seed(2)
+    old = torch.where(mask, -2.8 + 0.3 * torch.randn(mask.shape, generator=gen), 0.0)
+    advantages = torch.randn(mask.shape[0], generator=gen)
+    params = list(tiny_model.parameters())
+
+    logp, _ = token_logprobs(tiny_model, **data, chunk=8)
+    full, _ = grpo_loss(logp, old, advantages, mask, settings, max_tokens=10)
+    full_grads = torch.autograd.grad(full, params)
+
+    seqs, tokens = loss_totals(mask)
+    total = torch.zeros(())
+    for sl in (slice(0, 2), slice(2, 3), slice(3, 6)):
+        part = {k: v[sl] for k, v in data.items()}
+        logp, _ = token_logprobs(tiny_model, **part, chunk=8)
+        loss, _ = grpo_loss(
+            logp, old[sl], advantages[sl], mask[sl], settings, max_tokens=10,
+            num_seqs_total=seqs, num_tokens_total=tokens,
+        )  # fmt: skip
+        loss.backward()
+        total += loss.detach()
+    assert total.item() == pytest.approx(full.item(), rel=1e-5)
+    for p, g in zip(params, full_grads, strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-7)

@@ -1,0 +1,50 @@
+"""A peer process for transport tests: `python _peer.py MODE ADDRESS SETTINGS_JSON [OUT]`.
+
+hello: handshake with a hub at ADDRESS and print the Welcome as JSON.
+fetch: fetch the newest weights from ADDRESS, save them to OUT (.npz) and print
+       {"version", "names"} as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+from grpo_stream.protocols.messages import Hello
+
+from grpo_stream.logs import setup_logging
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
+from grpo_stream.transport.weights import fetch_weights
+
+
+def main(argv: list[str]) -> int:
+    mode, address, raw = argv[:3]
+    setup_logging("peer", str(os.getpid()))  # logs to stderr; stdout carries the result
+    settings = TransportSettings.model_validate_json(raw)
+    security = SecuritySettings()
+    ctx = make_context()
+    try:
+        if mode == "hello":
+            client = Client(ctx, address, settings, security, f"peer-{os.getpid()}")
+            hello = Hello(service="generator", instance="peer", host="localhost",
+                          pid=os.getpid(), capacity=4)  # fmt: skip
+            welcome = handshake(client, hello, timeout_s=20.0)
+            client.close()
+            print(json.dumps({"run_id": welcome.run_id, "peers": welcome.peers}))
+        elif mode == "fetch":
+            version, tensors = fetch_weights(ctx, address, settings, security, timeout_s=30.0)
+            np.savez(argv[3], **dict(tensors))  # type: ignore[arg-type]
+            print(json.dumps({"version": version, "names": [n for n, _ in tensors]}))
+        else:
+            print(f"unknown mode {mode}", file=sys.stderr)
+            return 2
+    finally:
+        close_context(ctx)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,143 @@
+"""CURVE: only allow-listed client keys get through; plaintext peers are refused."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+import zmq.auth
+from grpo_stream.protocols.messages import StatusRequest
+
+from grpo_stream.transport.curve import add_client, init_keys
+from grpo_stream.transport.errors import KeysError
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.sockets import Client, Context, Server
+
+LOCAL = "tcp://127.0.0.1:0"
+REFUSED_WAIT_MS = 500
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    init_keys(tmp_path / "keys")
+    return tmp_path / "keys"
+
+
+def _secure(keys: Path, name: str = "client") -> SecuritySettings:
+    return SecuritySettings(curve=True, keys_dir=keys, client_name=name)
+
+
+def test_init_writes_pairs_and_allow_list(keys: Path) -> None:
+    names = sorted(p.name for p in keys.iterdir())
+    assert names == ["authorized", "client.key", "client.key_secret", "server.key",
+                     "server.key_secret"]  # fmt: skip
+    assert [p.name for p in (keys / "authorized").iterdir()] == ["client.key"]
+
+
+def test_secret_keys_are_private(keys: Path) -> None:
+    mode = stat.S_IMODE((keys / "server.key_secret").stat().st_mode)
+    assert mode == 0o600
+
+
+def test_init_refuses_to_overwrite(keys: Path) -> None:
+    with pytest.raises(KeysError, match="already exist"):
+        init_keys(keys)
+
+
+def test_allowed_client_round_trips(ctx: Context, settings: TransportSettings, keys: Path) -> None:
+    server = Server(ctx, LOCAL, settings, _secure(keys), "hub")
+    client = Client(ctx, server.address, settings, _secure(keys), "g0")
+    client.send(StatusRequest())
+    got = None
+    for _ in range(100):
+        got = got or server.recv(50)
+    assert got == (b"g0", StatusRequest())
+    client.close()
+    server.close()
+
+
+def test_added_client_is_allowed(ctx: Context, settings: TransportSettings, keys: Path) -> None:
+    add_client(keys, "host2")
+    server = Server(ctx, LOCAL, settings, _secure(keys), "hub")
+    client = Client(ctx, server.address, settings, _secure(keys, "host2"), "g2")
+    client.send(StatusRequest())
+    assert server.recv(5000) == (b"g2", StatusRequest())
+    client.close()
+    server.close()
+
+
+def test_client_with_unknown_key_is_refused(
+    ctx: Context, settings: TransportSettings, keys: Path
+) -> None:
+    zmq.auth.create_certificates(str(keys), "intruder")  # a key pair nobody allowed
+    server = Server(ctx, LOCAL, settings, _secure(keys), "hub")
+    client = Client(ctx, server.address, settings, _secure(keys, "intruder"), "bad")
+    client.send(StatusRequest())
+    assert server.recv(REFUSED_WAIT_MS) is None
+    client.close()
+    server.close()
+
+
+def test_plaintext_client_is_refused(ctx: Context, settings: TransportSettings, keys: Path) -> None:
+    server = Server(ctx, LOCAL, settings, _secure(keys), "hub")
+    client = Client(ctx, server.address, settings, SecuritySettings(), "plain")
+    client.send(StatusRequest())
+    assert server.recv(REFUSED_WAIT_MS) is None
+    client.close()
+    server.close()
+
+
+def test_missing_keys_dir_content_raises_named_error(
+    ctx: Context, settings: TransportSettings, tmp_path: Path
+) -> None:
+    with pytest.raises(KeysError, match="keys init"):
+        Server(ctx, LOCAL, settings, _secure(tmp_path), "hub")
+
+
+def test_weights_fetch_over_curve(ctx: Context, settings: TransportSettings, keys: Path) -> None:
+    import torch
+
+    from grpo_stream.transport.weights import WeightServer, fetch_weights
+
+    server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
+    server.publish(3, [("w", torch.ones(2, 2))])
+    version, tensors = fetch_weights(ctx, server.addresses["weights"], settings, _secure(keys))
+    assert version == 3 and [n for n, _ in tensors] == ["w"]
+    server.close()
+
+
+def test_weights_fetch_with_unknown_key_times_out(
+    ctx: Context, settings: TransportSettings, keys: Path
+) -> None:
+    import torch
+
+    from grpo_stream.transport.errors import WeightsTimeout
+    from grpo_stream.transport.weights import WeightServer, fetch_weights
+
+    zmq.auth.create_certificates(str(keys), "intruder")
+    server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
+    server.publish(3, [("w", torch.ones(2, 2))])
+    with pytest.raises(WeightsTimeout):
+        fetch_weights(ctx, server.addresses["weights"], settings, _secure(keys, "intruder"),
+                      timeout_s=REFUSED_WAIT_MS / 1000)  # fmt: skip
+    server.close()
+
+
+def test_announcements_reach_an_allowed_subscriber(
+    ctx: Context, settings: TransportSettings, keys: Path
+) -> None:
+    import torch
+
+    from grpo_stream.transport.weights import WeightServer, WeightsWatcher
+
+    server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
+    watcher = WeightsWatcher(ctx, server.addresses["announce"], settings, _secure(keys))
+    seen, version = None, 0
+    while seen is None and version < 100:  # until the subscription has propagated
+        version += 1
+        server.publish(version, [("w", torch.ones(1))])
+        seen = watcher.poll(timeout_ms=100)
+    assert seen == version
+    watcher.close()
+    server.close()
