@@ -1,0 +1,181 @@
+"""Write (or check) the golden test vectors: one deterministic example per message kind.
+
+Run `python -m grpo_stream.protocols.make_golden` to regenerate protocols/golden/ after a
+deliberate protocol change, `--check` to verify the files match the codec.
+
+File format of `golden/<kind>.frames`: the message's frames in order, each as a 4-byte
+big-endian unsigned length followed by that many bytes; nothing else.
+
+Invariant: the examples are fixed values (no clocks, no randomness), so encoding them
+gives the same bytes on every machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.codec import encode, wire_dtypes
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+
+
+def write_frames(path: Path, frames: list[bytes | memoryview]) -> None:
+    """Store frames as (4-byte big-endian length, bytes) records."""
+    with path.open("wb") as fh:
+        for frame in frames:
+            data = bytes(frame)
+            fh.write(struct.pack(">I", len(data)))
+            fh.write(data)
+
+
+def read_frames(path: Path) -> list[bytes]:
+    """Frames stored by `write_frames`; raises ValueError on a truncated file."""
+    data = path.read_bytes()
+    frames, pos = [], 0
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ValueError(f"{path}: truncated length at byte {pos}")
+        (size,) = struct.unpack_from(">I", data, pos)
+        pos += 4
+        if pos + size > len(data):
+            raise ValueError(f"{path}: truncated frame at byte {pos}")
+        frames.append(data[pos : pos + size])
+        pos += size
+    return frames
+
+
+def _data_examples() -> list[m.Message]:
+    completion = np.array([5, 6, 7, 8, 9, 10, 11], dtype=np.int32)
+    return [
+        m.PromptBatch(
+            lease_id=7,
+            group_ids=np.array([100, 101], dtype=np.int64),
+            prompts=["1+2=", "3+4="],
+            references=[{"answer": "3"}, {"answer": "7"}],
+            group_size=2,
+            max_tokens=8,
+            temperature=1.0,
+            top_p=0.95,
+            min_version=3,
+        ),
+        m.Rollout(
+            lease_id=7,
+            group_id=100,
+            instance="gen-0",
+            policy_version=4,
+            prompt="1+2=",
+            reference={"answer": "3"},
+            prompt_ids=np.array([1, 2, 3, 4], dtype=np.int32),
+            completion_ids=completion,
+            completion_offsets=np.array([0, 3, 7], dtype=np.int64),
+            logprobs=np.linspace(-3.0, -0.5, 7, dtype=np.float32),
+            texts=["3", "4 "],
+            truncated=[False, True],
+            gen_seconds=0.25,
+        ),
+        m.ScoreRequest(
+            lease_id=9, group_id=100, prompt="1+2=", completions=["3", "4 "], reference={"a": "3"}
+        ),
+        m.Scored(
+            lease_id=9,
+            group_id=100,
+            rewards=np.array([1.0, np.nan], dtype=np.float32),
+            component_names=["exact", "format"],
+            components=np.array([[1.0, np.nan], [1.0, 0.0]], dtype=np.float32),
+            errors=["", "timeout"],
+        ),
+        m.TrainBatch(
+            step=12,
+            group_ids=np.array([100], dtype=np.int64),
+            input_ids=np.array([1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 8, 9], dtype=np.int32),
+            seq_offsets=np.array([0, 7, 13], dtype=np.int64),
+            prompt_lens=np.array([4, 4], dtype=np.int32),
+            behaviour_logprobs=np.array([-1.0, -0.5, -0.25, -2.0, -1.5], dtype=np.float32),
+            advantages=np.array([0.7071, -0.7071], dtype=np.float32),
+            rewards=np.array([1.0, 0.0], dtype=np.float32),
+            versions=np.array([4, 4], dtype=np.int32),
+            stats={"dropped_stale": 0, "mean_reward": 0.5},
+        ),
+        m.WeightsChunk(
+            version=5,
+            index=0,
+            count=1,
+            names=["embed.weight", "norm.bias", "empty"],
+            tensors=[
+                np.arange(6, dtype=np.float32).reshape(2, 3).astype(wire_dtypes()["bfloat16"]),
+                np.array([0.5, -0.5], dtype=np.float16),
+                np.zeros((0, 4), dtype=np.float32),
+            ],
+        ),
+    ]
+
+
+def _control_examples() -> list[m.Message]:
+    return [
+        m.Hello(
+            service="generator",
+            instance="gen-0",
+            host="node1",
+            pid=4242,
+            capacity=16,
+            rank=0,
+            fingerprint={"device": "cpu", "cores": 2, "score": 0.5},
+            endpoints={},
+        ),
+        m.Welcome(
+            run_id="run-1",
+            config={"hub": {"groups_per_step": 16}, "model": {"name_or_path": "tiny"}},
+            config_digest="0123456789abcdef",
+            peers={"weights": "tcp://127.0.0.1:5601", "announce": "tcp://127.0.0.1:5602"},
+            policy_version=3,
+        ),
+        m.Heartbeat(instance="gen-0", stats={"tokens_per_s": 1234.5, "busy": True}),
+        m.WorkRequest(instance="gen-0", credits=16),
+        m.BatchRequest(step=12, trainer_version=4, rank=0, world_size=1),
+        m.WeightsAnnounce(version=5, num_tensors=3, total_bytes=32),
+        m.WeightsRequest(version=-1),
+        m.StatusRequest(),
+        m.Status(
+            services=[{"service": "generator", "instance": "gen-0", "alive": True}],
+            counters={"groups_trained": 48, "groups_dropped_stale": 1},
+            policy_version=5,
+        ),
+        m.Error(code="bad_type", message="rollout.texts: expected list_str", in_reply_to="rollout"),
+        m.Shutdown(reason="max_steps reached"),
+    ]
+
+
+def examples() -> list[m.Message]:
+    """One fixed example of every message kind, in registry order."""
+    by_kind = {msg.KIND: msg for msg in _control_examples() + _data_examples()}
+    return [by_kind[kind] for kind in m.MESSAGES]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="verify instead of writing")
+    parser.add_argument("--out", type=Path, default=GOLDEN_DIR, help="golden directory")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stale = []
+    for msg in examples():
+        path = args.out / f"{msg.KIND}.frames"
+        frames = encode(msg)
+        if not args.check:
+            write_frames(path, frames)
+        elif not path.exists() or read_frames(path) != [bytes(f) for f in frames]:
+            stale.append(path.name)
+    if stale:
+        print(f"golden vectors out of date: {', '.join(stale)}", file=sys.stderr)
+        return 1
+    print(f"{'checked' if args.check else 'wrote'} {len(m.MESSAGES)} golden vectors in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,341 @@
+"""Typed wire messages: one dataclass per message kind, and the registry KIND -> class.
+
+Invariants:
+- Every message class has a unique `KIND` and appears in `MESSAGES`.
+- Field types are limited to what the codec can carry (see `FIELD_KINDS`): int, float, str,
+  bool, `X | None` of those, list[str|int|float|bool], dict[str, Any] and
+  list[dict[str, Any]] of msgpack-native values, `Array` and `list[Array]`.
+- Ragged data is a flat array plus an int64 offsets array (len = items + 1), never lists
+  of lists: item i is `flat[offsets[i]:offsets[i + 1]]`.
+- Arrays decode as numpy arrays (read-only views over the received frames are allowed);
+  `encode` also accepts torch tensors in Array fields (see `grpo_stream.protocols.codec`).
+- Equality compares arrays by dtype, shape and bytes (so NaN == NaN bit for bit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, TypeAlias
+
+import numpy.typing as npt
+
+Array: TypeAlias = npt.NDArray[Any]
+"""An n-dimensional array field: one raw frame on the wire, dtype and shape in the header."""
+
+FieldKind = Literal[
+    "int",
+    "float",
+    "str",
+    "bool",
+    "list_str",
+    "list_int",
+    "list_float",
+    "list_bool",
+    "dict",
+    "list_dict",
+    "array",
+    "list_array",
+]
+
+FIELD_KINDS: dict[str, FieldKind] = {
+    "int": "int",
+    "float": "float",
+    "str": "str",
+    "bool": "bool",
+    "list[str]": "list_str",
+    "list[int]": "list_int",
+    "list[float]": "list_float",
+    "list[bool]": "list_bool",
+    "dict[str, Any]": "dict",
+    "list[dict[str, Any]]": "list_dict",
+    "Array": "array",
+    "list[Array]": "list_array",
+}
+"""Annotation text -> wire kind. Any other annotation on a message field is a bug."""
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of a message as the codec sees it."""
+
+    name: str
+    kind: FieldKind
+    optional: bool
+
+
+_SCHEMAS: dict[str, tuple[FieldSpec, ...]] = {}
+
+
+def schema(cls: type[Message]) -> tuple[FieldSpec, ...]:
+    """The fields of a message class in declaration order (the wire order); cached."""
+    key = f"{cls.__module__}.{cls.__qualname__}"
+    cached = _SCHEMAS.get(key)
+    if cached is not None:
+        return cached
+    specs = []
+    for f in fields(cls):
+        text = str(f.type).replace(" ", "")
+        optional = text.endswith("|None")
+        base = text.removesuffix("|None")
+        matches = [kind for ann, kind in FIELD_KINDS.items() if ann.replace(" ", "") == base]
+        if not matches:
+            raise TypeError(f"{cls.__name__}.{f.name}: unsupported wire type {f.type!r}")
+        if optional and matches[0] in ("array", "list_array"):
+            raise TypeError(f"{cls.__name__}.{f.name}: arrays cannot be optional")
+        specs.append(FieldSpec(f.name, matches[0], optional))
+    _SCHEMAS[key] = tuple(specs)
+    return _SCHEMAS[key]
+
+
+def _same_array(a: Any, b: Any) -> bool:
+    from grpo_stream.protocols.codec import arrays_equal  # codec imports this module
+
+    return bool(arrays_equal(a, b))
+
+
+@dataclass(eq=False)
+class Message:
+    """Base of every wire message."""
+
+    KIND: ClassVar[str] = ""
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        for spec in schema(type(self)):
+            a, b = getattr(self, spec.name), getattr(other, spec.name)
+            if spec.kind == "array":
+                same = _same_array(a, b)
+            elif spec.kind == "list_array":
+                same = len(a) == len(b) and all(
+                    _same_array(x, y) for x, y in zip(a, b, strict=True)
+                )
+            else:
+                same = bool(a == b)
+            if not same:
+                return False
+        return True
+
+
+@dataclass(eq=False)
+class Hello(Message):
+    """A service announces itself to the hub (first message on connect)."""
+
+    KIND: ClassVar[str] = "hello"
+    service: str
+    instance: str
+    host: str
+    pid: int
+    capacity: int
+    rank: int = 0
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    endpoints: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Welcome(Message):
+    """The hub's answer to Hello: the run's config, its digest, peer addresses, policy version."""
+
+    KIND: ClassVar[str] = "welcome"
+    run_id: str
+    config: dict[str, Any]
+    config_digest: str
+    peers: dict[str, Any]
+    policy_version: int
+
+
+@dataclass(eq=False)
+class Heartbeat(Message):
+    """A service is alive; `stats` carries its recent counters and throughput."""
+
+    KIND: ClassVar[str] = "heartbeat"
+    instance: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class WorkRequest(Message):
+    """A worker asks the hub for up to `credits` more units of work (prompts or groups)."""
+
+    KIND: ClassVar[str] = "work_request"
+    instance: str
+    credits: int
+
+
+@dataclass(eq=False)
+class PromptBatch(Message):
+    """The hub leases P prompts to a generator: sample `group_size` completions for each."""
+
+    KIND: ClassVar[str] = "prompt_batch"
+    lease_id: int
+    group_ids: Array  # int64 (P,)
+    prompts: list[str]
+    references: list[dict[str, Any]]
+    group_size: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    min_version: int
+
+
+@dataclass(eq=False)
+class Rollout(Message):
+    """A generator returns the G completions of one prompt with their behaviour log-probs."""
+
+    KIND: ClassVar[str] = "rollout"
+    lease_id: int
+    group_id: int
+    instance: str
+    policy_version: int
+    prompt: str
+    reference: dict[str, Any]
+    prompt_ids: Array  # int32 (Tp,)
+    completion_ids: Array  # int32 (sum of completion lengths,): all G concatenated
+    completion_offsets: Array  # int64 (G+1,)
+    logprobs: Array  # float32, same length as completion_ids
+    texts: list[str]
+    truncated: list[bool]
+    gen_seconds: float
+
+
+@dataclass(eq=False)
+class ScoreRequest(Message):
+    """The hub asks a scorer for the rewards of one group's completions."""
+
+    KIND: ClassVar[str] = "score_request"
+    lease_id: int
+    group_id: int
+    prompt: str
+    completions: list[str]
+    reference: dict[str, Any]
+
+
+@dataclass(eq=False)
+class Scored(Message):
+    """A scorer returns one group's rewards (NaN where a reward function failed)."""
+
+    KIND: ClassVar[str] = "scored"
+    lease_id: int
+    group_id: int
+    rewards: Array  # float32 (G,)
+    component_names: list[str]
+    components: Array  # float32 (C, G)
+    errors: list[str]
+
+
+@dataclass(eq=False)
+class BatchRequest(Message):
+    """A trainer rank asks the hub for the batch of `step`."""
+
+    KIND: ClassVar[str] = "batch_request"
+    step: int
+    trainer_version: int
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass(eq=False)
+class TrainBatch(Message):
+    """The hub sends S sequences (from N groups) with advantages for one trainer step."""
+
+    KIND: ClassVar[str] = "train_batch"
+    step: int
+    group_ids: Array  # int64 (N,)
+    input_ids: Array  # int32 (sum of sequence lengths,): prompt + completion of each sequence
+    seq_offsets: Array  # int64 (S+1,)
+    prompt_lens: Array  # int32 (S,)
+    behaviour_logprobs: Array  # float32 (completion tokens,) in sequence order
+    advantages: Array  # float32 (S,)
+    rewards: Array  # float32 (S,)
+    versions: Array  # int32 (S,): policy version that generated each sequence
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class WeightsAnnounce(Message):
+    """The trainer has published a complete new weights version."""
+
+    KIND: ClassVar[str] = "weights_announce"
+    version: int
+    num_tensors: int
+    total_bytes: int
+
+
+@dataclass(eq=False)
+class WeightsRequest(Message):
+    """A generator asks the weight server for a version (-1 = the latest)."""
+
+    KIND: ClassVar[str] = "weights_request"
+    version: int
+
+
+@dataclass(eq=False)
+class WeightsChunk(Message):
+    """Chunk `index` of `count` of a weights version: named tensors, one frame each."""
+
+    KIND: ClassVar[str] = "weights_chunk"
+    version: int
+    index: int
+    count: int
+    names: list[str]
+    tensors: list[Array]
+
+
+@dataclass(eq=False)
+class StatusRequest(Message):
+    """Ask the hub for the run's status."""
+
+    KIND: ClassVar[str] = "status_request"
+
+
+@dataclass(eq=False)
+class Status(Message):
+    """The hub's view of the run: services, counters, current policy version."""
+
+    KIND: ClassVar[str] = "status"
+    services: list[dict[str, Any]]
+    counters: dict[str, Any]
+    policy_version: int
+
+
+@dataclass(eq=False)
+class Error(Message):
+    """A request failed; `in_reply_to` names the kind of the message that caused it."""
+
+    KIND: ClassVar[str] = "error"
+    code: str
+    message: str
+    in_reply_to: str | None = None
+
+
+@dataclass(eq=False)
+class Shutdown(Message):
+    """Stop: the receiver drains, closes its sockets and exits."""
+
+    KIND: ClassVar[str] = "shutdown"
+    reason: str
+
+
+MESSAGES: dict[str, type[Message]] = {
+    cls.KIND: cls
+    for cls in (
+        Hello,
+        Welcome,
+        Heartbeat,
+        WorkRequest,
+        PromptBatch,
+        Rollout,
+        ScoreRequest,
+        Scored,
+        BatchRequest,
+        TrainBatch,
+        WeightsAnnounce,
+        WeightsRequest,
+        WeightsChunk,
+        StatusRequest,
+        Status,
+        Error,
+        Shutdown,
+    )
+}
+"""Every message class by its KIND."""
