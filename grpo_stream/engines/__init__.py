@@ -1,0 +1,14 @@
+"""Inference engines behind one interface: `hf` (transformers) and `vllm`.
+
+Importing this package imports neither torch nor vLLM; `make_engine` loads the one asked for.
+"""
+
+from grpo_stream.engines.base import (
+    Completion,
+    Engine,
+    EngineUnavailableError,
+    GroupSample,
+    make_engine,
+)
+
+__all__ = ["Completion", "Engine", "EngineUnavailableError", "GroupSample", "make_engine"]

@@ -1,0 +1,157 @@
+"""The inference-engine interface that generators call, and `make_engine`.
+
+Conventions every engine keeps (the trainer relies on them):
+
+- `GroupSample.prompt_ids` are the prompt's token ids exactly as the engine fed them to the
+  model (the tokenizer's special tokens included, no padding).
+- `Completion.token_ids` are the sampled tokens, without padding, and include the end-of-
+  sequence token when one was sampled (it is the last token then). The trainer trains on
+  exactly `prompt_ids + token_ids`.
+- `Completion.logprobs[i]` is the behaviour log-probability of `token_ids[i]` under the
+  tempered distribution `log_softmax(logits / temperature)` of the weights version the
+  engine held when it sampled; `len(logprobs) == len(token_ids)`.
+- `Completion.truncated` is true when the completion hit `max_tokens` without an
+  end-of-sequence token.
+- `generate` returns one `GroupSample` per prompt, in prompt order, each with exactly
+  `group_size` completions.
+- Weights change only between `generate` calls and only as a complete version: a version
+  is validated in full before any parameter is written, so it is never half-applied.
+
+Importing this module (or `grpo_stream.engines`) imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from grpo_stream.config import GeneratorSettings, ModelSettings
+    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+
+
+class EngineUnavailableError(RuntimeError):
+    """The requested engine cannot run here (for instance vLLM is not installed)."""
+
+
+@dataclass
+class Completion:
+    """One sampled completion: tokens, their behaviour log-probs, decoded text."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    truncated: bool
+    """True when the completion hit max_tokens without an end-of-sequence token."""
+
+
+@dataclass
+class GroupSample:
+    """The G completions sampled for one prompt."""
+
+    prompt_ids: list[int]
+    completions: list[Completion]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What a generator needs from an inference engine."""
+
+    version: int
+    """The weights version the engine holds (0 for the initial weights)."""
+
+    def generate(
+        self,
+        prompts: list[str],
+        group_size: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[GroupSample]:
+        """Sample `group_size` completions per prompt; deterministic for a given `seed`."""
+        ...
+
+    def load_weights(
+        self, named: Iterable[tuple[str, torch.Tensor | np.ndarray]], version: int
+    ) -> None:
+        """Apply a complete weights version in place (Hugging Face parameter names)."""
+        ...
+
+    def update_from_server(self, address: str, version: int) -> int:
+        """Fetch `version` (-1: the newest) from the trainer's weight server and apply it.
+
+        Returns the version applied.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the model and any sockets."""
+        ...
+
+
+def resolve_device(device: str | None) -> str:
+    """`device` as given, or "cuda" when a GPU is visible, else "cpu"."""
+    if device is not None:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype_name(dtype: str, device: str) -> str:
+    """The parameter dtype name for `ModelSettings.dtype`: auto is bf16 on GPUs, fp32 on CPU."""
+    if dtype != "auto":
+        return dtype
+    return "float32" if device.startswith("cpu") else "bfloat16"
+
+
+def to_torch(value: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A torch tensor for a received array (ml_dtypes bfloat16 included); tensors pass through."""
+    import torch
+
+    from grpo_stream.protocols.codec import to_torch as array_to_torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    tensor: torch.Tensor = array_to_torch(value)
+    return tensor
+
+
+def vllm_available() -> bool:
+    """Whether the vllm package can be imported (checked without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def make_engine(
+    name: Literal["hf", "vllm"],
+    model: ModelSettings,
+    generator: GeneratorSettings,
+    transport: TransportSettings,
+    security: SecuritySettings,
+    device: str | None = None,
+) -> Engine:
+    """Build the engine a generator runs: `hf` (transformers) or `vllm`.
+
+    `device` is "cpu", "cuda" or "cuda:N" (default: a GPU when one is visible). vLLM picks
+    its GPU itself: select it with CUDA_VISIBLE_DEVICES.
+    """
+    if name == "hf":
+        from grpo_stream.engines.hf import HFEngine
+
+        return HFEngine.from_settings(model, transport, security, device)
+    if name == "vllm":
+        if not vllm_available():
+            raise EngineUnavailableError(
+                "generator.engine = 'vllm' needs vLLM, which is not installed: "
+                "pip install 'grpo-stream[vllm]', or set generator.engine = 'hf'"
+            )
+        from grpo_stream.engines.vllm import VLLMEngine
+
+        return VLLMEngine.from_settings(model, generator, transport, security, device)
+    raise ValueError(f"unknown engine {name!r}: expected 'hf' or 'vllm'")

@@ -1,0 +1,210 @@
+"""The vLLM engine: `vllm.LLM` with a worker extension that swaps weights in place.
+
+Invariants (see `grpo_stream.engines.base` for the completion conventions):
+
+- Sampling is `SamplingParams(n=G, temperature, top_p, logprobs=0)` with no top-k, and the
+  model's generation_config is ignored (`generation_config="vllm"`), so no default top_k or
+  penalty sneaks in. `logprobs_mode="processed_logprobs"` makes vLLM report log-probs of the
+  distribution it sampled from (after temperature; after top-p too when top_p < 1), i.e.
+  `log_softmax(logits / temperature)` at top_p = 1, the same numbers the hf engine reports.
+- vLLM keeps the end-of-sequence token in `token_ids` (not in `text`); `finish_reason ==
+  "length"` marks a truncated completion.
+- With a `seed`, every prompt gets its own request seed derived from it (vLLM gives the n
+  samples of one request seeds seed+i), so equal inputs and seed give equal outputs.
+- Weight updates run inside vLLM's workers (`vllm_worker.WeightSyncExtension`); after each
+  the prefix cache is reset, so no cached prefix computed with old weights is reused.
+
+vLLM is imported inside functions only: importing this module never needs it.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from grpo_stream.engines.base import (
+    Completion,
+    GroupSample,
+    resolve_device,
+    resolve_dtype_name,
+    to_torch,
+)
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from grpo_stream.config import GeneratorSettings, ModelSettings
+
+log = structlog.get_logger()
+
+WORKER_EXTENSION = "grpo_stream.engines.vllm_worker.WeightSyncExtension"
+
+
+class VLLMEngine:
+    """Samples groups of completions with a `vllm.LLM` held in this process."""
+
+    def __init__(
+        self,
+        llm: Any,
+        transport: TransportSettings | None = None,
+        security: SecuritySettings | None = None,
+        version: int = 0,
+    ) -> None:
+        self.llm = llm
+        self.version = version
+        self._transport = transport or TransportSettings()
+        self._security = security or SecuritySettings()
+
+    @classmethod
+    def from_settings(
+        cls,
+        model: ModelSettings,
+        generator: GeneratorSettings,
+        transport: TransportSettings,
+        security: SecuritySettings,
+        device: str | None = None,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ) -> VLLMEngine:
+        """Start vLLM on `model.name_or_path` (`device` only picks the dtype for "auto")."""
+        from vllm import LLM
+
+        from grpo_stream.models.loading import resolve_model
+
+        dev = resolve_device(device)
+        path = resolve_model(model.name_or_path)
+        llm = LLM(
+            model=path,
+            tokenizer=path,
+            dtype=resolve_dtype_name(model.dtype, dev),
+            seed=seed,
+            gpu_memory_utilization=generator.gpu_memory_utilization,
+            max_model_len=max_model_len,
+            # CUDA graphs pay off on GPUs; on the CPU eager mode is the supported path.
+            enforce_eager=dev.startswith("cpu"),
+            worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+        )
+        log.info("engine.loaded", engine="vllm", model=model.name_or_path, device=dev)
+        return cls(llm, transport, security)
+
+    def generate(
+        self,
+        prompts: list[str],
+        group_size: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[GroupSample]:
+        """Sample `group_size` completions of at most `max_tokens` tokens for each prompt."""
+        from vllm import SamplingParams
+
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        rng = random.Random(seed) if seed is not None else None
+        params = [
+            SamplingParams(
+                n=group_size,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                logprobs=0,
+                seed=None if rng is None else rng.getrandbits(31),
+            )
+            for _ in prompts
+        ]
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        groups = [_group(out) for out in outputs]
+        tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
+        seconds = time.perf_counter() - start
+        log.debug(
+            "engine.generated",
+            prompts=len(prompts),
+            group_size=group_size,
+            tokens=tokens,
+            seconds=round(seconds, 4),
+            version=self.version,
+        )
+        return groups
+
+    def load_weights(
+        self, named: Iterable[tuple[str, torch.Tensor | np.ndarray]], version: int
+    ) -> None:
+        """Apply a complete version: written to a safetensors file the workers read."""
+        from safetensors.torch import save_file
+
+        tensors: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, value in named:
+            tensor = to_torch(value)
+            if tensor.data_ptr() in seen:  # a tied alias: safetensors refuses shared storage
+                continue
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor.detach().cpu().contiguous()
+        with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
+            path = Path(tmp) / f"v{version}.safetensors"
+            save_file(tensors, str(path))
+            self.llm.collective_rpc("load_weights_file", args=(str(path),))
+        self._after_update(version)
+
+    def update_from_server(self, address: str, version: int) -> int:
+        """Every worker fetches `version` (-1: newest) itself and applies it; the version got."""
+        got = self.llm.collective_rpc(
+            "update_from_server",
+            args=(
+                address,
+                version,
+                self._transport.model_dump(mode="json"),
+                self._security.model_dump(mode="json"),
+            ),
+        )
+        if len(set(got)) != 1:
+            raise RuntimeError(f"vLLM workers applied different weight versions: {got}")
+        self._after_update(int(got[0]))
+        return self.version
+
+    def _after_update(self, version: int) -> None:
+        self.llm.reset_prefix_cache()
+        self.version = version
+        log.info("engine.weights_loaded", engine="vllm", version=version)
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core process and workers now, rather than at interpreter exit."""
+        import gc
+
+        if self.llm is None:
+            return
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except AttributeError:  # another vLLM layout: collection shuts it down instead
+            log.info("engine.vllm_shutdown_by_gc")
+        self.llm = None
+        gc.collect()
+
+
+def _group(out: Any) -> GroupSample:
+    """One vLLM RequestOutput as a GroupSample."""
+    completions = []
+    for comp in out.outputs:
+        ids = [int(t) for t in comp.token_ids]
+        logprobs = [float(pos[t].logprob) for t, pos in zip(ids, comp.logprobs, strict=True)]
+        completions.append(
+            Completion(
+                token_ids=ids,
+                logprobs=logprobs,
+                text=comp.text,
+                truncated=comp.finish_reason == "length",
+            )
+        )
+    return GroupSample(prompt_ids=[int(t) for t in out.prompt_token_ids], completions=completions)

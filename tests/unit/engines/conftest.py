@@ -1,0 +1,89 @@
+"""Fixtures: a tiny random Qwen2 model with a character-level tokenizer, saved to disk.
+
+The model has head_dim 64 (what vLLM's CPU attention accepts) and about 0.1M parameters,
+so a forward pass takes milliseconds on one CPU thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHARS = "0123456789+-*=?. abcdefghijklmnopqrstuvwxyz"
+SPECIALS = ["<pad>", "<eos>"]
+
+
+def build_char_tokenizer() -> Any:
+    """A fast tokenizer with one token per character and <pad>/<eos> specials."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *CHARS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def build_tiny_model(tokenizer: Any, seed: int = 0) -> Any:
+    """A randomly initialised 2-layer Qwen2 causal LM with tied embeddings (fp32, CPU)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    # Random init at std 0.02 gives nearly uniform next-token distributions; 0.06 makes
+    # them peaked (mean log-prob about -2.5) while some rows still sample <eos> early.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 0.06)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny model + tokenizer directory (what `name_or_path` can point at)."""
+    import torch
+
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def tokenizer() -> Any:
+    return build_char_tokenizer()
+
+
+@pytest.fixture
+def hf_engine(tokenizer: Any) -> Iterator[Any]:
+    """An HFEngine on the CPU over a fresh tiny model (tests may modify it)."""
+    import torch
+
+    from grpo_stream.engines.hf import HFEngine
+
+    torch.set_num_threads(1)
+    engine = HFEngine(build_tiny_model(tokenizer), tokenizer, device="cpu")
+    yield engine
+    engine.close()

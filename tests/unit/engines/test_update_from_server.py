@@ -1,0 +1,73 @@
+"""The hf engine fetching weights from a real WeightServer over ZeroMQ (loopback)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import zmq
+
+from grpo_stream.engines.hf import HFEngine
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.weights import WeightServer
+
+PROMPTS = ["1+2=", "12+34="]
+
+
+@pytest.fixture
+def weight_server() -> Iterator[WeightServer]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    server = WeightServer(
+        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", TransportSettings(), SecuritySettings()
+    )
+    yield server
+    server.close()
+    ctx.destroy(linger=0)
+
+
+def trained_copy(model: Any) -> dict[str, torch.Tensor]:
+    """What a trainer would publish: the same architecture with different weights."""
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        return {
+            name: p.detach() + 0.05 * torch.randn(p.shape, generator=gen)
+            for name, p in model.named_parameters()
+        }
+
+
+def test_update_from_server_applies_the_published_version(
+    hf_engine: HFEngine, weight_server: WeightServer
+) -> None:
+    new = trained_copy(hf_engine.model)
+    weight_server.publish(4, new.items())
+    got = hf_engine.update_from_server(weight_server.addresses["weights"], -1)
+    assert got == 4
+    assert hf_engine.version == 4
+    for name, param in hf_engine.model.named_parameters():
+        assert torch.equal(param.detach(), new[name])
+
+
+def test_update_from_server_changes_behaviour_logprobs(
+    hf_engine: HFEngine, weight_server: WeightServer
+) -> None:
+    before = hf_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    weight_server.publish(1, trained_copy(hf_engine.model).items())
+    hf_engine.update_from_server(weight_server.addresses["weights"], 1)
+    after = hf_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    first = [g.completions[0].logprobs[0] for g in before]
+    assert first != [g.completions[0].logprobs[0] for g in after]
+
+
+def test_tied_lm_head_follows_the_embedding_sent_once(
+    hf_engine: HFEngine, weight_server: WeightServer
+) -> None:
+    new = trained_copy(hf_engine.model)
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]  # tied: same storage
+    snapshot = weight_server.publish(2, new.items())
+    assert snapshot.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    hf_engine.update_from_server(weight_server.addresses["weights"], -1)
+    model = hf_engine.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.equal(model.lm_head.weight.detach(), new["model.embed_tokens.weight"])
