@@ -1,0 +1,369 @@
+"""deploy/slurm/grpo-stream.sbatch, run by bash with Slurm replaced at its boundary.
+
+`srun` and `scontrol` are stand-ins that run each task of a step as a local process with
+Slurm's task variables (SLURMD_NODENAME, SLURM_LOCALID, SLURM_PROCID); `grpo-stream` is a
+stand-in that records its argv, node and CUDA_VISIBLE_DEVICES and waits for SIGTERM. The
+script itself runs unmodified, so placement, GPU pinning, the command lines and the stop
+sequence are the ones a cluster would see; the command lines are then parsed by the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SRUN = """#!{python} -S
+import os, signal, subprocess, sys
+KNOWN = {{"overlap", "kill-on-bad-exit", "nodes", "ntasks", "ntasks-per-node", "nodelist",
+         "output", "cpus-per-task"}}
+procs = []
+def forward(signum, frame):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signum)
+signal.signal(signal.SIGTERM, forward)
+args, opts = sys.argv[1:], {{}}
+while args and args[0].startswith("--"):
+    key, _, value = args.pop(0)[2:].partition("=")
+    if key not in KNOWN:
+        sys.exit(f"srun stand-in: unsupported option --{{key}}")
+    opts[key] = value
+nodes = opts["nodelist"].split(",")
+per_node = int(opts["ntasks-per-node"])
+if int(opts["nodes"]) != len(nodes) or int(opts["ntasks"]) != per_node * len(nodes):
+    sys.exit(f"srun stand-in: inconsistent step {{opts}}")
+if "overlap" not in opts:
+    sys.exit("srun stand-in: concurrent steps need --overlap")
+for n, node in enumerate(nodes):
+    for local in range(per_node):
+        rank = n * per_node + local
+        env = dict(os.environ, SLURMD_NODENAME=node, SLURM_LOCALID=str(local),
+                   SLURM_PROCID=str(rank))
+        out = opts["output"].replace("%N", node).replace("%t", str(rank))
+        with open(out, "w") as log:
+            procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
+sys.exit(max(p.wait() for p in procs))
+"""
+
+SCONTROL = """#!/bin/bash
+[[ $1 == show && $2 == hostnames ]] || exit 2
+tr , '\\n' <<<"$3"
+"""
+
+GRPO_STREAM = """#!{python} -S
+import json, os, signal, sys, time, tomllib
+from pathlib import Path
+record = Path(os.environ["STUB_RECORD"])
+argv = sys.argv[1:]
+service = argv[1]
+stopping = False
+def on_term(signum, frame):
+    global stopping
+    stopping = True
+signal.signal(signal.SIGTERM, on_term)
+def note(event):
+    line = {{"event": event, "service": service, "argv": ["grpo-stream", *argv],
+            "node": os.environ.get("SLURMD_NODENAME"),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}
+    with record.open("a") as f:
+        f.write(json.dumps(line) + "\\n")
+note("start")
+if service == "grouper":
+    value = next(a for a in argv if a.startswith("run.run_dir=")).split("=", 1)[1]
+    run_dir = Path(tomllib.loads("v = " + value)["v"])
+    (run_dir / "hub.addr").write_text("tcp://ready\\n")
+exits = dict(item.split("=") for item in os.environ.get("STUB_EXITS", "").split(",") if item)
+if service in exits:  # "SERVICE=RC@DELAY": exit with RC, DELAY s after every service started
+    rc, delay = exits[service].split("@")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not stopping:
+        started = sum(json.loads(l)["event"] == "start" for l in record.read_text().splitlines())
+        if started >= int(os.environ["STUB_EXPECT"]):
+            break
+        time.sleep(0.02)
+    deadline = time.monotonic() + float(delay)
+    while time.monotonic() < deadline and not stopping:
+        time.sleep(0.02)
+    note("terminated" if stopping else "exit")
+    sys.exit(0 if stopping else int(rc))
+deadline = time.monotonic() + 20
+while not stopping and time.monotonic() < deadline:
+    time.sleep(0.02)
+note("terminated" if stopping else "timeout")
+sys.exit(0 if stopping else 3)
+"""
+
+
+@dataclass
+class SlurmRun:
+    rc: int
+    records: list[dict[str, Any]]
+    stderr: str
+
+    def starts(self, service: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["event"] == "start" and r["service"] == service]
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["event"] == event]
+
+
+def _stubs(root: Path) -> Path:
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("grpo-stream", GRPO_STREAM)):
+        (bin_dir / name).write_text(text.format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+@dataclass
+class Job:
+    """One scenario: the script as sbatch would run it on `nodes` (`expect` services start)."""
+
+    nodes: list[str]
+    expect: int
+    env: dict[str, str]
+    sigterm_when_started: bool = False
+
+
+JOBS = {
+    # node1 + two generator nodes with 2 generators each, 2 scorers; the trainer exits 7.
+    "three": Job(
+        ["node1", "node2", "node3"],
+        8,
+        {
+            "GENERATORS_PER_NODE": "2",
+            "SCORERS": "2",
+            "HUB_PORT": "6000",
+            "TRAINER_PORT": "6001",
+            "STUB_EXITS": "trainer=7@0",
+        },
+    ),
+    # one node with CURVE keys; the trainer completes.
+    "one": Job(
+        ["solo"],
+        6,
+        {
+            "GENERATORS_PER_NODE": "3",
+            "SCORERS": "1",
+            "KEYS_DIR": "keys",
+            "STUB_EXITS": "trainer=0@0",
+        },
+    ),
+    # the hub dies and the trainer goes on running.
+    "hub_exit": Job(
+        ["node1", "node2"],
+        4,
+        {"GENERATORS_PER_NODE": "1", "STUB_EXITS": "grouper=1@0", "LOST_GRACE_S": "0"},
+    ),
+    # the end of a run: the trainer tells the hub it is done, the hub stops first.
+    "done": Job(
+        ["node1", "node2"],
+        4,
+        {"GENERATORS_PER_NODE": "1", "STUB_EXITS": "grouper=0@0,trainer=0@0.3"},
+    ),
+    # the script is told to stop (scancel --batch --signal=TERM, or --signal=B:TERM@...).
+    "sigterm": Job(["node1", "node2"], 4, {"GENERATORS_PER_NODE": "1", "SCORERS": "1"}, True),
+}
+
+
+def _start(script: Path, root: Path, job: Job) -> tuple[subprocess.Popen[str], Path]:
+    root.mkdir(parents=True)
+    (root / "run.toml").write_text("[run]\nmax_steps = 3\n")
+    (root / "keys").mkdir()
+    record = root / "record.jsonl"
+    record.touch()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env = {
+        **base,
+        "PATH": f"{_stubs(root)}:{base['PATH']}",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": ",".join(job.nodes),
+        "CONFIG": "run.toml",
+        "RUN_DIR": "run",
+        "POLL_S": "0.05",
+        "STOP_TIMEOUT_S": "10",
+        "LOST_GRACE_S": "10",
+        "SCORERS": "1",
+        "STUB_RECORD": str(record),
+        "STUB_EXPECT": str(job.expect),
+        **job.env,
+    }
+    proc = subprocess.Popen(
+        ["bash", str(script)], cwd=root, env=env, stderr=subprocess.PIPE, text=True
+    )
+    return proc, record
+
+
+def _finish(proc: subprocess.Popen[str], record: Path, job: Job) -> SlurmRun:
+    if job.sigterm_when_started:
+        deadline = time.monotonic() + 10
+        while len(record.read_text().splitlines()) < job.expect and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    records = [json.loads(line) for line in record.read_text().splitlines()]
+    return SlurmRun(proc.returncode, records, stderr)
+
+
+@pytest.fixture(scope="module")
+def sbatch(deploy_dir: Path) -> Path:
+    return deploy_dir / "slurm" / "grpo-stream.sbatch"
+
+
+@pytest.fixture(scope="module")
+def jobs(sbatch: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, SlurmRun]:
+    """Every scenario in JOBS, run side by side (each is mostly waiting)."""
+    root = tmp_path_factory.mktemp("slurm")
+    started = {name: _start(sbatch, root / name, job) for name, job in JOBS.items()}
+    return {name: _finish(*started[name], JOBS[name]) for name in JOBS}
+
+
+def test_sbatch_passes_bash_syntax_check(sbatch: Path) -> None:
+    result = subprocess.run(["bash", "-n", str(sbatch)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_hub_scorers_and_trainer_run_on_the_first_node(jobs: dict[str, SlurmRun]) -> None:
+    assert [(r["node"], r["cuda"]) for r in jobs["three"].starts("grouper")] == [("node1", "")]
+    assert [(r["node"], r["cuda"]) for r in jobs["three"].starts("scorer")] == [("node1", "")] * 2
+    assert [(r["node"], r["cuda"]) for r in jobs["three"].starts("trainer")] == [("node1", "0")]
+
+
+def test_generators_run_on_the_other_nodes_one_gpu_each(jobs: dict[str, SlurmRun]) -> None:
+    placed = sorted((r["node"], r["cuda"]) for r in jobs["three"].starts("generator"))
+    assert placed == [("node2", "0"), ("node2", "1"), ("node3", "0"), ("node3", "1")]
+
+
+def test_every_service_gets_a_unique_instance_name(jobs: dict[str, SlurmRun], cli: Any) -> None:
+    names = [cli.parse_run(r["argv"]).params["instance"] for r in jobs["three"].events("start")]
+    assert len(set(names)) == len(names) == 8
+    assert "generator-node3-1" in names
+
+
+def test_hub_command_binds_the_ports_the_others_dial(jobs: dict[str, SlurmRun], cli: Any) -> None:
+    (hub,) = jobs["three"].starts("grouper")
+    cfg = cli.hub_config(cli.parse_run(hub["argv"]))
+    assert cfg.hub.bind == "tcp://0.0.0.0:6000"
+    assert cfg.hub.public_address == "tcp://node1:6000"
+    assert (cfg.trainer.bind, cfg.trainer.public_host) == ("tcp://0.0.0.0:6001", "node1")
+    assert cfg.run.run_dir.name == "run" and cfg.run.run_dir.is_absolute()
+    clients = [r for r in jobs["three"].records if r["event"] == "start" and r is not hub]
+    assert {cli.parse_run(r["argv"]).params["hub"] for r in clients} == {"tcp://node1:6000"}
+
+
+def test_only_hub_and_trainer_resume(jobs: dict[str, SlurmRun], cli: Any) -> None:
+    resumed = {
+        r["service"]
+        for r in jobs["three"].events("start")
+        if cli.parse_run(r["argv"]).params["resume"]
+    }
+    assert resumed == {"grouper", "trainer"}
+
+
+def test_script_stops_the_rest_and_exits_with_the_trainers_status(
+    jobs: dict[str, SlurmRun],
+) -> None:
+    assert jobs["three"].rc == 7, jobs["three"].stderr
+    others = [r for r in jobs["three"].events("start") if r["service"] != "trainer"]
+    assert len(jobs["three"].events("terminated")) == len(others) == 7
+    assert not jobs["three"].events("timeout")
+
+
+def test_one_node_runs_generators_beside_the_trainer_from_gpu_one(
+    jobs: dict[str, SlurmRun],
+) -> None:
+    assert jobs["one"].rc == 0, jobs["one"].stderr
+    placed = sorted((r["node"], r["cuda"]) for r in jobs["one"].starts("generator"))
+    assert placed == [("solo", "1"), ("solo", "2"), ("solo", "3")]
+    assert [r["cuda"] for r in jobs["one"].starts("trainer")] == ["0"]
+
+
+def test_keys_dir_turns_curve_on_for_every_service(jobs: dict[str, SlurmRun], cli: Any) -> None:
+    (hub,) = jobs["one"].starts("grouper")
+    security = cli.hub_config(cli.parse_run(hub["argv"])).security
+    assert security.curve and security.keys_dir is not None
+    clients = [cli.parse_run(r["argv"]) for r in jobs["one"].events("start") if r is not hub]
+    assert {c.params["keys_dir"] for c in clients} == {security.keys_dir}
+
+
+def test_hub_exit_stops_the_trainer_and_fails_the_job(jobs: dict[str, SlurmRun]) -> None:
+    run = jobs["hub_exit"]
+    assert run.rc == 1, run.stderr
+    stopped = [r["service"] for r in run.events("terminated")]
+    assert stopped[0] == "trainer"
+    assert sorted(stopped) == ["generator", "scorer", "trainer"]
+
+
+def test_trainer_finishing_after_the_hub_stopped_is_a_success(jobs: dict[str, SlurmRun]) -> None:
+    run = jobs["done"]
+    assert run.rc == 0, run.stderr
+    assert [r["service"] for r in run.events("exit")] == ["grouper", "trainer"]
+    assert sorted(r["service"] for r in run.events("terminated")) == ["generator", "scorer"]
+
+
+def test_sigterm_stops_the_trainer_first_then_the_rest(jobs: dict[str, SlurmRun]) -> None:
+    run = jobs["sigterm"]
+    assert run.rc == 0, run.stderr
+    stopped = [r["service"] for r in run.events("terminated")]
+    assert stopped[0] == "trainer"
+    assert stopped[-1] == "grouper"
+    assert sorted(stopped) == ["generator", "grouper", "scorer", "trainer"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.slow
+def test_script_runs_the_real_services_to_a_finished_run(sbatch: Path, tmp_path: Path) -> None:
+    """The script with the real `grpo-stream` (tiny model, CPU): trains and stops cleanly."""
+    from grpo_stream.training.metrics import read_metrics
+
+    bin_dir = _stubs(tmp_path)
+    (bin_dir / "grpo-stream").unlink()  # the real one, from this interpreter's environment
+    (tmp_path / "run.toml").write_text(
+        "[run]\nmax_steps = 2\n[hub]\ngroups_per_step = 4\n"
+        "[generator]\ngroup_size = 4\nprompts_per_request = 4\n[trainer]\ncheckpoint_every = 2\n"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SLURM")},
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "localhost,localhost",
+        "CONFIG": "run.toml",
+        "RUN_DIR": "run",
+        "GENERATORS_PER_NODE": "1",
+        "SCORERS": "1",
+        "HUB_PORT": str(_free_port()),
+        "TRAINER_PORT": str(_free_port()),
+        "POLL_S": "0.5",
+        "STOP_TIMEOUT_S": "60",
+        "GRPO_STREAM": str(Path(sys.executable).parent / "grpo-stream"),
+    }
+    result = subprocess.run(
+        ["bash", str(sbatch)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    logs = "\n".join(p.read_text()[-1500:] for p in (tmp_path / "run" / "slurm-logs").glob("*"))
+    assert result.returncode == 0, result.stderr + logs
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert (tmp_path / "run" / "checkpoints" / "step-2" / "COMPLETE").exists()
