@@ -35,12 +35,15 @@ class RunSettings(BaseModel):
 
     run_dir: Path = Path("runs/default")
     """Directory for config.toml, metrics.jsonl, logs/, checkpoints/ and report.png."""
-    max_steps: int = Field(120, ge=1)
+    max_steps: int = Field(200, ge=1)
     """Trainer steps before the run ends."""
     seed: int = 0
     """Seed for torch, sampling and the prompt stream."""
     torch_threads: int = Field(1, ge=1)
     """torch intra-op threads per service process (CPU)."""
+    restarts: int = Field(0, ge=0)
+    """How many times `up` restarts a service that died (trainer and hub resume from their
+    checkpoints; generators and scorers rejoin and get work again)."""
 
 
 class ModelSettings(BaseModel):
@@ -49,7 +52,7 @@ class ModelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name_or_path: str = DEFAULT_MODEL
-    """A Hugging Face model name or local path; the default is the tiny model shipped with the package."""
+    """A Hugging Face model name or local path; the default is the tiny model in the package."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Parameter dtype: auto is bfloat16 on GPUs and float32 on CPU."""
 
@@ -91,7 +94,8 @@ class ScorerSettings(BaseModel):
     timeout_s: float = Field(5.0, gt=0)
     """A reward call slower than this is killed and scores NaN."""
     memory_limit_mb: int = Field(1024, ge=16)
-    """Address-space limit of a reward worker; exceeding it kills the call (NaN)."""
+    """Address space a reward worker may grow by after loading its reward functions; beyond it
+    the call fails (NaN) and the worker is replaced."""
     groups_per_request: int = Field(8, ge=1)
     """Groups a scorer asks for at once."""
 
@@ -135,7 +139,7 @@ class TrainerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    lr: float = Field(2e-4, gt=0)
+    lr: float = Field(1e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
@@ -151,8 +155,12 @@ class TrainerSettings(BaseModel):
     """Complete checkpoints kept on disk."""
     ranks: int = Field(1, ge=1)
     """torch.distributed ranks (torchrun) for the trainer."""
+    ddp_bucket_mb: float = Field(25.0, gt=0)
+    """DDP gradient bucket size: buckets are all-reduced while backward still runs."""
     bind: str = "tcp://127.0.0.1:0"
     """Address of the weight server (ROUTER) and announcer (PUB uses the next port)."""
+    announce_bind: str | None = None
+    """Address of the weights announcer (PUB); None binds a free port on the bind host."""
     public_host: str | None = None
     """Host other machines use to reach the trainer (defaults to the bound host)."""
     fault_nan_step: int | None = None

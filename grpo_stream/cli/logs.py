@@ -24,6 +24,10 @@ def logs(
         fail(f"no logs in {run_dir} (expected {run_dir / 'logs'})")
     if level is not None and level not in LEVELS:
         fail(f"--level must be one of {', '.join(LEVELS)}")
-    events = follow_logs(run_dir, service, level) if follow else iter(merge_logs(run_dir, service, level))
+    events = (
+        follow_logs(run_dir, service, level)
+        if follow
+        else iter(merge_logs(run_dir, service, level))
+    )
     for event in events:
         typer.echo(json.dumps(event) if json_out else format_event(event))

@@ -26,3 +26,7 @@ app.command("status")(status.status)
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

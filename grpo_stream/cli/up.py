@@ -2,20 +2,57 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
 
-from grpo_stream.cli.common import not_built
+from grpo_stream.cli.common import fail
 
 
 def up(
-    config: Path = typer.Option(None, "--config", "-c", help="Run config TOML (default: the embedded tiny run)."),
+    config: Path = typer.Option(
+        None, "--config", "-c", help="Run config TOML (default: the embedded tiny run)."
+    ),
     overrides: list[str] = typer.Option([], "--set", help="Override a setting: section.key=value."),
     run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (overrides run.run_dir)."),
-    max_steps: int = typer.Option(None, "--max-steps", help="Trainer steps (overrides run.max_steps)."),
+    max_steps: int = typer.Option(
+        None, "--max-steps", help="Trainer steps (overrides run.max_steps)."
+    ),
     sync: bool = typer.Option(False, "--sync", help="On-policy: hub.max_staleness = 0."),
-    resume: bool = typer.Option(False, "--resume", help="Resume from the run directory's checkpoints."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Resume from the run directory's checkpoints."
+    ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Show every event, not only the important ones."
+    ),
 ) -> None:
     """Run the whole pipeline (default: the tiny model on arith, on this machine)."""
-    not_built("up")
+    from grpo_stream.config import ConfigError, load_config
+    from grpo_stream.launch.console import RunConsole
+    from grpo_stream.launch.up import LaunchError, Up
+
+    extra = list(overrides)
+    if run_dir is not None:
+        extra.append(f"run.run_dir={json.dumps(str(run_dir))}")
+    if max_steps is not None:
+        extra.append(f"run.max_steps={max_steps}")
+    if sync:
+        extra.append("hub.max_staleness=0")
+    try:
+        cfg = load_config(config, extra)
+    except ConfigError as exc:
+        fail(str(exc))
+    rd = Path(cfg.run.run_dir)
+    if not resume and (rd / "metrics.jsonl").exists():
+        fail(f"{rd} already holds a run: pass --resume to continue it or --run-dir for a new one")
+    rd.mkdir(parents=True, exist_ok=True)
+    resolved = rd / "config.toml"
+    resolved.write_text(cfg.to_toml())
+    console = RunConsole(level="debug" if verbose else "info", quiet=not verbose)
+    try:
+        result = Up(cfg, resolved, resume, console).run()
+    except LaunchError as exc:
+        fail(str(exc), code=1)
+    if not result.completed:
+        fail(f"stopped after {result.steps} steps (resume with --resume --run-dir {rd})", code=130)

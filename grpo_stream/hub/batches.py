@@ -28,7 +28,9 @@ class Assembled:
     failed: bool
 
 
-def assemble(rollout: Rollout, scored: Scored, settings: AdvantageSettings, batch_std: float | None) -> Assembled:
+def assemble(
+    rollout: Rollout, scored: Scored, settings: AdvantageSettings, batch_std: float | None
+) -> Assembled:
     """Combine a Rollout and its Scored into a Group with advantages."""
     import torch
 
@@ -52,7 +54,9 @@ def assemble(rollout: Rollout, scored: Scored, settings: AdvantageSettings, batc
     return Assembled(group=group, zero_signal=bool(result.zero_signal), failed=not valid.any())
 
 
-def build_batch(step: int, groups: list[Group], trainer_version: int, stats: dict[str, Any]) -> TrainBatch:
+def build_batch(
+    step: int, groups: list[Group], trainer_version: int, stats: dict[str, Any]
+) -> TrainBatch:
     """Flatten groups into one TrainBatch (sequences in group order)."""
     ids: list[np.ndarray] = []
     logps: list[np.ndarray] = []
@@ -77,9 +81,16 @@ def build_batch(step: int, groups: list[Group], trainer_version: int, stats: dic
         input_ids=np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32),
         seq_offsets=offsets,
         prompt_lens=np.array(prompt_lens, dtype=np.int32),
-        behaviour_logprobs=np.concatenate(logps).astype(np.float32) if logps else np.zeros(0, np.float32),
+        behaviour_logprobs=np.concatenate(logps).astype(np.float32)
+        if logps
+        else np.zeros(0, np.float32),
         advantages=np.array(advs, dtype=np.float32),
         rewards=np.array(rewards, dtype=np.float32),
         versions=np.array(versions, dtype=np.int32),
-        stats={**stats, "staleness_mean": float(np.mean([trainer_version - v for v in versions])) if versions else 0.0},
+        stats={
+            **stats,
+            "staleness_mean": float(np.mean([trainer_version - v for v in versions]))
+            if versions
+            else 0.0,
+        },
     )

@@ -97,7 +97,9 @@ class Ledger:
         self.stage[gid] = "scoring"
         return lease, gid
 
-    def _lease(self, holder: str, kind: Literal["generate", "score"], ids: list[int], now: float) -> Lease:
+    def _lease(
+        self, holder: str, kind: Literal["generate", "score"], ids: list[int], now: float
+    ) -> Lease:
         lease = Lease(self._next_lease, holder, kind, set(ids), now + self.lease_timeout_s)
         self._next_lease += 1
         self.leases[lease.lease_id] = lease
@@ -128,7 +130,9 @@ class Ledger:
         self.stage[group_id] = "buffered"
         return True
 
-    def finish(self, group_id: int, outcome: Literal["trained", "filtered", "stale", "failed"]) -> None:
+    def finish(
+        self, group_id: int, outcome: Literal["trained", "filtered", "stale", "failed"]
+    ) -> None:
         """A group leaves the pipeline for good."""
         if group_id in self.to_score:
             self.to_score.remove(group_id)
@@ -187,6 +191,8 @@ class Ledger:
         out.update(
             in_progress=self.in_pipeline(),
             redispatched=int(self.counters["redispatched"]),
+            requeued_generate=int(self.counters["requeued_generate"]),
+            requeued_score=int(self.counters["requeued_score"]),
             duplicates_dropped=int(self.counters["duplicates_dropped"]),
         )
         return out

@@ -1,0 +1,146 @@
+"""Processes of a run: started with a command prefix, tracked by pid, stopped by pid.
+
+Each service prints JSON log lines on stderr (`--log-json`); a reader thread per process
+parses them into one queue, so the launcher shows one merged stream. Lines that are not
+JSON (a traceback, a crash) are kept as `raw` events and the last ones are reported when the
+process dies. Processes start in their own session; stopping sends SIGTERM to that process
+group and SIGKILL after a grace period — never anything by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+# Library progress bars are not log events: keep them out of the merged stream.
+QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TQDM_DISABLE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
+
+
+@dataclass
+class ServiceSpec:
+    """How to start one service instance."""
+
+    instance: str
+    service: str
+    argv: list[str]
+    host: str = "local"
+    prefix: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts_left: int = 0
+
+
+@dataclass
+class Proc:
+    spec: ServiceSpec
+    popen: subprocess.Popen[bytes]
+    started: float
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+
+
+class Supervisor:
+    """Starts, watches and stops the processes of a run."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, Proc] = {}
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+
+    def start(self, spec: ServiceSpec) -> Proc:
+        env = {**os.environ, **QUIET_ENV, **spec.env, "PYTHONUNBUFFERED": "1"}
+        popen = subprocess.Popen(
+            [*spec.prefix, *spec.argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        proc = Proc(spec, popen, time.monotonic())
+        self.procs[spec.instance] = proc
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+        return proc
+
+    def _read(self, proc: Proc) -> None:
+        assert proc.popen.stdout is not None
+        for raw in proc.popen.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if not line:
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                event = None
+            if not isinstance(event, dict):
+                proc.tail.append(line)
+                event = {"event": "raw", "line": line, "level": "info"}
+            elif event.get("level") in ("error", "critical", "warning"):
+                proc.tail.append(f"{event.get('event')}: {event.get('error', '')}".strip())
+            event.setdefault("service", proc.spec.service)
+            event.setdefault("instance", proc.spec.instance)
+            event["host"] = proc.spec.host
+            self.events.put(event)
+
+    def drain(self, timeout_s: float) -> list[dict[str, Any]]:
+        out = []
+        try:
+            out.append(self.events.get(timeout=timeout_s))
+            while True:
+                out.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def exited(self) -> list[tuple[Proc, int]]:
+        """Processes that ended since the last call (removed from the watch list)."""
+        done = []
+        for name, proc in list(self.procs.items()):
+            code = proc.popen.poll()
+            if code is not None:
+                done.append((proc, code))
+                del self.procs[name]
+        return done
+
+    def stop(self, instance: str, grace_s: float = 30.0) -> int | None:
+        proc = self.procs.pop(instance, None)
+        if proc is None:
+            return None
+        return _terminate(proc.popen, grace_s)
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        for proc in self.procs.values():
+            _signal(proc.popen, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(proc.popen, signal.SIGKILL)
+                proc.popen.wait()
+        self.procs.clear()
+
+
+def _signal(popen: subprocess.Popen[bytes], sig: int) -> None:
+    if popen.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, sig)  # the process group we created for this service
+
+
+def _terminate(popen: subprocess.Popen[bytes], grace_s: float) -> int:
+    _signal(popen, signal.SIGTERM)
+    try:
+        return popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal(popen, signal.SIGKILL)
+        return popen.wait()

@@ -1,0 +1,213 @@
+"""The `up` run: hub first, then trainer, generators and scorers; merged logs; clean stop.
+
+Ending:
+- the trainer exits 0 after max_steps (final checkpoint written): the others are stopped;
+- Ctrl-C / SIGTERM: the trainer is stopped first (it writes a final checkpoint), then the rest;
+- any service exits unexpectedly: `up` says which, where and why, stops the rest, fails.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from grpo_stream.config import RunConfig
+from grpo_stream.launch.console import RunConsole
+from grpo_stream.launch.supervisor import Proc, ServiceSpec, Supervisor
+
+
+class LaunchError(RuntimeError):
+    """A service failed to start or died; the message says which and why."""
+
+
+@dataclass
+class UpResult:
+    completed: bool
+    steps: int
+    run_dir: Path
+
+
+def service_argv(service: str, instance: str, hub: str | None, extra: list[str]) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "grpo_stream.cli.main",
+        "run",
+        service,
+        "--instance",
+        instance,
+        "--log-json",
+    ]
+    if hub is not None:
+        argv += ["--hub", hub]
+    return argv + extra
+
+
+def trainer_argv(cfg: RunConfig, hub: str, extra: list[str]) -> list[str]:
+    """One trainer process, or `ranks` of them under torchrun (gloo on CPU, NCCL on GPUs)."""
+    argv = service_argv("trainer", "trainer-0", hub, extra)
+    if cfg.trainer.ranks == 1:
+        return argv
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={cfg.trainer.ranks}",
+    ]
+    return launcher + argv[1:]  # torchrun runs `-m grpo_stream.cli.main ...` per rank
+
+
+def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
+    """Trainer, generators and scorers on this machine, as the config counts them."""
+    keys = ["--keys-dir", str(cfg.security.keys_dir)] if cfg.security.curve else []
+    n = cfg.run.restarts
+    specs = [
+        ServiceSpec(
+            "trainer-0",
+            "trainer",
+            trainer_argv(cfg, hub, keys + (["--resume"] if resume else [])),
+            restarts_left=n,
+        )
+    ]
+    specs += [
+        ServiceSpec(
+            f"generator-{i}",
+            "generator",
+            service_argv("generator", f"generator-{i}", hub, keys),
+            restarts_left=n,
+        )
+        for i in range(cfg.generator.count)
+    ]
+    specs += [
+        ServiceSpec(
+            f"scorer-{i}",
+            "scorer",
+            service_argv("scorer", f"scorer-{i}", hub, keys),
+            restarts_left=n,
+        )
+        for i in range(cfg.scorer.count)
+    ]
+    return specs
+
+
+class Up:
+    """One `grpo-stream up` invocation."""
+
+    def __init__(
+        self, cfg: RunConfig, config_path: Path, resume: bool, console: RunConsole
+    ) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.resume = resume
+        self.console = console
+        self.sup = Supervisor()
+        self.run_dir = Path(cfg.run.run_dir)
+        self.steps = 0
+        self.trainer_done = False
+        self._interrupted = False
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._interrupted = True
+
+    def start_hub(self, timeout_s: float = 120.0) -> str:
+        addr_file = self.run_dir / "hub.addr"
+        addr_file.unlink(missing_ok=True)
+        extra = ["--config", str(self.config_path)] + (["--resume"] if self.resume else [])
+        hub_spec = ServiceSpec(
+            "grouper-0",
+            "grouper",
+            service_argv("grouper", "grouper-0", None, extra),
+            restarts_left=self.cfg.run.restarts,
+        )
+        self.sup.start(hub_spec)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._show(self.sup.drain(0.1))
+            for proc, code in self.sup.exited():
+                raise LaunchError(
+                    f"hub exited with code {code} on {proc.spec.host}: {_why(proc.tail)}"
+                )
+            if addr_file.exists() and addr_file.read_text().strip():
+                address = addr_file.read_text().strip()
+                # a restarted hub must come back where the services look for it
+                hub_spec.argv += ["--set", f'hub.bind="{_bound(address, self.cfg.hub.bind)}"']
+                return address
+        raise LaunchError(f"hub did not write {addr_file} within {timeout_s:.0f}s")
+
+    def run(self, specs_for_hub: Any = None) -> UpResult:
+        old = signal.signal(signal.SIGINT, self._on_signal)
+        old_term = signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            hub = self.start_hub()
+            specs = specs_for_hub(hub) if specs_for_hub else local_specs(self.cfg, hub, self.resume)
+            for spec in specs:
+                self.sup.start(spec)
+            self.console.started(hub, [s.instance for s in specs], self.cfg.run.max_steps)
+            self._watch()
+        finally:
+            self._shutdown()
+            signal.signal(signal.SIGINT, old)
+            signal.signal(signal.SIGTERM, old_term)
+            self.console.finished(self.steps, self.run_dir)
+        return UpResult(self.trainer_done, self.steps, self.run_dir)
+
+    def _watch(self) -> None:
+        while not self.trainer_done:
+            if self._interrupted:
+                self.console.note("interrupted: stopping the trainer first (final checkpoint)")
+                self.sup.stop("trainer-0", grace_s=120)
+                return
+            self._show(self.sup.drain(0.2))
+            exits = self.sup.exited()
+            for proc, code in exits:
+                if proc.spec.service == "trainer" and code == 0:
+                    self.trainer_done = True
+            for proc, code in exits:
+                self._on_exit(proc, code)
+
+    def _on_exit(self, proc: Proc, code: int) -> None:
+        spec = proc.spec
+        if code == 0:
+            return  # a clean exit: the trainer finished and the hub told everyone to stop
+        if spec.restarts_left > 0:
+            spec.restarts_left -= 1
+            self.console.note(f"{spec.instance} on {spec.host} exited with code {code}; restarting")
+            self.sup.start(_restart_argv(spec))
+            return
+        raise LaunchError(
+            f"{spec.instance} ({spec.service}) on {spec.host} exited with code {code}: "
+            f"{_why(proc.tail)}"
+        )
+
+    def _show(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if event.get("event") == "trainer.step":
+                self.steps = int(event.get("step", self.steps))
+            self.console.event(event)
+
+    def _shutdown(self) -> None:
+        self._show(self.sup.drain(0.05))
+        self.sup.stop_all(grace_s=20)
+        self._show(self.sup.drain(0.05))
+
+
+def _bound(public: str, bind: str) -> str:
+    """The bind address with the port the hub actually got."""
+    return f"{bind.rsplit(':', 1)[0]}:{public.rsplit(':', 1)[1]}"
+
+
+def _restart_argv(spec: ServiceSpec) -> ServiceSpec:
+    if spec.service in ("trainer", "grouper") and "--resume" not in spec.argv:
+        spec.argv = [*spec.argv, "--resume"]
+    return spec
+
+
+def _why(tail: Any) -> str:
+    lines = [line for line in tail if line.strip()]
+    return lines[-1] if lines else "no output"

@@ -1,0 +1,162 @@
+"""What every non-hub service shares: its link to the hub and its shutdown flag.
+
+A service needs only the hub's address: `HubLink.connect` sends Hello and receives the run's
+config and the peers' addresses in Welcome (the hub re-sends Welcome when peers change).
+A signal handler only records that shutdown was requested; loops check `StopFlag.set`.
+On the way out the service says so (Shutdown) so the hub re-dispatches at once instead of
+waiting for the heartbeat deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from types import FrameType
+from typing import Any
+
+import structlog
+
+from grpo_stream.config import RunConfig, config_from_dict
+from grpo_stream.logs import setup_logging
+from grpo_stream.protocols import messages as m
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
+
+log = structlog.get_logger()
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT or by a Shutdown from the hub."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self.reason = ""
+
+    def install(self) -> StopFlag:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop(signal.Signals(signum).name)
+
+    def stop(self, reason: str) -> None:
+        self.set = True
+        self.reason = self.reason or reason
+
+
+class HubLink:
+    """A DEALER connection to the hub with handshake and heartbeats."""
+
+    def __init__(
+        self,
+        service: str,
+        instance: str,
+        hub: str,
+        transport: TransportSettings,
+        security: SecuritySettings,
+        stop: StopFlag,
+        rank: int = 0,
+        capacity: int = 1,
+        fingerprint: dict[str, Any] | None = None,
+        log_setup: tuple[str, bool] = ("info", False),
+    ) -> None:
+        self.service = service
+        self.log_setup = log_setup
+        self.instance = instance
+        self.hub = hub
+        self.transport = transport
+        self.security = security
+        self.stop = stop
+        self.rank = rank
+        self.capacity = capacity
+        self.fingerprint = dict(fingerprint or {})
+        self.endpoints: dict[str, Any] = {}  # what this service serves (the trainer's weights)
+        self.ctx = make_context()
+        self.client = Client(self.ctx, hub, transport, security, identity=instance)
+        self.peers: dict[str, Any] = {}
+        self.cfg: RunConfig | None = None
+        self.stats: dict[str, Any] = {}
+        self.joins = 0  # Welcomes received; a new one after a hub restart means: ask for work again
+        self._next_beat = 0.0
+
+    def connect(self) -> RunConfig:
+        """Say Hello; return the run's config from Welcome."""
+        welcome = handshake(self.client, self._hello(), self.transport.handshake_timeout_s)
+        self._on_welcome(welcome)
+        assert self.cfg is not None
+        # now that the run directory is known, log to its files too
+        setup_logging(
+            self.service,
+            self.instance,
+            self.cfg.run.run_dir,
+            self.log_setup[0],
+            console_json=self.log_setup[1],
+        )
+        log.info("hub.connected", hub=self.hub, run_id=welcome.run_id, digest=welcome.config_digest)
+        return self.cfg
+
+    def _on_welcome(self, welcome: m.Welcome) -> None:
+        self.cfg = config_from_dict(dict(welcome.config))
+        self.joins += 1
+        self.peers = dict(welcome.peers)
+        hb = self.cfg.transport
+        self.transport = self.transport.model_copy(
+            update={
+                "heartbeat_interval_s": hb.heartbeat_interval_s,
+                "heartbeat_timeout_s": hb.heartbeat_timeout_s,
+            }
+        )
+
+    def send(self, msg: m.Message) -> None:
+        self.client.send(msg)
+
+    def recv(self, timeout_ms: int) -> m.Message | None:
+        """Next message for the service; Welcome, Shutdown and Error are handled here."""
+        self.beat_if_due()
+        msg = self.client.recv(timeout_ms)
+        if isinstance(msg, m.Welcome):
+            self._on_welcome(msg)
+            return None
+        if isinstance(msg, m.Shutdown):
+            log.info("hub.shutdown", reason=msg.reason)
+            self.stop.stop(f"hub: {msg.reason}")
+            return None
+        if isinstance(msg, m.Error):
+            log.warning("hub.error", code=msg.code, message=msg.message)
+            if msg.code == "unregistered":
+                self.rejoin()
+            return None
+        return msg
+
+    def rejoin(self) -> None:
+        """The hub does not know us (it restarted): say Hello again."""
+        log.info("hub.rejoin", hub=self.hub)
+        self.client.send(self._hello())
+
+    def _hello(self) -> m.Hello:
+        return m.Hello(
+            service=self.service,
+            instance=self.instance,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            capacity=self.capacity,
+            rank=self.rank,
+            fingerprint=self.fingerprint,
+            endpoints=self.endpoints,
+        )
+
+    def beat_if_due(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + self.transport.heartbeat_interval_s
+            self.client.send(m.Heartbeat(instance=self.instance, stats=dict(self.stats)))
+
+    def close(self, reason: str) -> None:
+        try:
+            self.client.send(m.Shutdown(reason=reason))
+        finally:
+            self.client.close()
+            close_context(self.ctx)

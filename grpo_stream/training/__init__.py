@@ -1,0 +1,1 @@
+"""The trainer's library: batches to tensors, the update step, checkpoints, metrics."""

@@ -1,0 +1,91 @@
+"""TrainBatch (flat arrays + offsets) to padded tensors for the update.
+
+Sequences are right-padded to the longest one. Position t of `old_logp` holds the
+behaviour log-prob of token t (the generator's log p(x_t | x_<t)), so it lines up with
+`token_logprobs`; `completion_mask` is true exactly on completion tokens, never on prompt
+or padding tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from grpo_stream.protocols.messages import TrainBatch
+
+
+@dataclass
+class Tensors:
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) long
+    completion_mask: torch.Tensor  # (B, T) bool
+    old_logp: torch.Tensor  # (B, T) float32, 0 outside completions
+    advantages: torch.Tensor  # (B,) float32
+    rewards: torch.Tensor  # (B,) float32
+    versions: torch.Tensor  # (B,) long
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def slice(self, lo: int, hi: int) -> Tensors:
+        """Rows lo..hi, trimmed to the longest sequence among them."""
+        width = int(self.attention_mask[lo:hi].sum(dim=1).max().item()) if hi > lo else 0
+        return Tensors(
+            self.input_ids[lo:hi, :width],
+            self.attention_mask[lo:hi, :width],
+            self.completion_mask[lo:hi, :width],
+            self.old_logp[lo:hi, :width],
+            self.advantages[lo:hi],
+            self.rewards[lo:hi],
+            self.versions[lo:hi],
+        )
+
+    def select(self, rows: torch.Tensor) -> Tensors:
+        return Tensors(
+            self.input_ids[rows],
+            self.attention_mask[rows],
+            self.completion_mask[rows],
+            self.old_logp[rows],
+            self.advantages[rows],
+            self.rewards[rows],
+            self.versions[rows],
+        )
+
+
+def to_tensors(batch: TrainBatch, pad_id: int) -> Tensors:
+    offsets = np.asarray(batch.seq_offsets, dtype=np.int64)
+    n = len(offsets) - 1
+    lengths = offsets[1:] - offsets[:-1]
+    width = int(lengths.max()) if n else 0
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    comp = torch.zeros((n, width), dtype=torch.bool)
+    old = torch.zeros((n, width), dtype=torch.float32)
+    flat_ids = torch.from_numpy(np.asarray(batch.input_ids, dtype=np.int64))
+    flat_lp = torch.from_numpy(np.array(batch.behaviour_logprobs, dtype=np.float32))
+    lp_pos = 0
+    for i in range(n):
+        lo, length = int(offsets[i]), int(lengths[i])
+        plen = int(batch.prompt_lens[i])
+        ids[i, :length] = flat_ids[lo : lo + length]
+        attn[i, :length] = 1
+        comp[i, plen:length] = True
+        ncomp = length - plen
+        old[i, plen:length] = flat_lp[lp_pos : lp_pos + ncomp]
+        lp_pos += ncomp
+    if lp_pos != len(flat_lp):
+        raise ValueError(
+            f"TrainBatch has {len(flat_lp)} behaviour log-probs for {lp_pos} completion tokens"
+        )
+    return Tensors(
+        ids,
+        attn,
+        comp,
+        old,
+        torch.from_numpy(np.array(batch.advantages, dtype=np.float32)),
+        torch.from_numpy(np.array(batch.rewards, dtype=np.float32)),
+        torch.from_numpy(np.array(batch.versions, dtype=np.int64)),
+    )

@@ -1,0 +1,69 @@
+"""RUN_DIR/metrics.jsonl: one JSON object per trainer step (the run directory contract)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+REQUIRED = (
+    "step",
+    "reward_mean",
+    "reward_std",
+    "kl",
+    "loss",
+    "grad_norm",
+    "grad_norm_after",
+    "tau",
+    "reg_fired",
+    "clip_frac",
+    "policy_version",
+    "staleness_mean",
+    "groups_trained",
+    "groups_filtered",
+    "groups_stale",
+    "tokens",
+    "step_seconds",
+    "wall_time",
+)
+
+
+class MetricsWriter:
+    """Appends one line per step; non-finite floats are written as null (valid JSON)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise ValueError(f"metrics row lacks {missing}")
+        self._fh.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

@@ -1,0 +1,274 @@
+"""The trainer's state and its regularized GRPO update step.
+
+One step: TrainBatch -> padded tensors -> for each micro-batch: token log-probs (with grad),
+GRPO loss normalised by the whole batch's totals, backward (gradients accumulate) ->
+rollback guard check -> gradient regularizer (global norm) -> AdamW step -> version + 1.
+A non-finite loss or gradient skips the optimizer step and restores the last snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from grpo_stream.algo.logprobs import token_logprobs
+from grpo_stream.algo.loss import grpo_loss, loss_totals
+from grpo_stream.algo.regularizer import GradRegularizer
+from grpo_stream.algo.rollback import RollbackGuard
+from grpo_stream.config import RunConfig
+from grpo_stream.protocols.messages import TrainBatch
+from grpo_stream.training.batch import Tensors, to_tensors
+from grpo_stream.training.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+    set_rng_state,
+)
+
+log = structlog.get_logger()
+
+
+@dataclass
+class StepResult:
+    applied: bool
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainState:
+    """Policy, reference, optimizer, schedule, regularizer, guard, step and version."""
+
+    cfg: RunConfig
+    model: Any
+    tokenizer: Any
+    ref_model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    regularizer: GradRegularizer
+    guard: RollbackGuard
+    step: int = 0
+    version: int = 0
+    ddp: Any = None  # DistributedDataParallel wrapper when several ranks train
+    world_size: int = 1
+    rank: int = 0
+    fault_fired: bool = False
+
+    @classmethod
+    def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
+        from grpo_stream.models.loading import load_policy, load_tokenizer
+
+        torch.manual_seed(cfg.run.seed)
+        rank, world = init_distributed()
+        source = cfg.model.name_or_path
+        ckpt = latest_checkpoint(Path(cfg.run.run_dir)) if resume else None
+        model = load_policy(
+            str(ckpt) if ckpt else source, dtype=cfg.model.dtype, device="cpu", trainable=True
+        )
+        tokenizer = load_tokenizer(source)
+        ref = None
+        if cfg.algo.loss.beta > 0:
+            ref = load_policy(source, dtype=cfg.model.dtype, device="cpu", trainable=False)
+        t = cfg.trainer
+        optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        warm = t.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        # Under DDP the gradients are already all-reduced (identical on every rank), so the
+        # regularizer's norm must not sum over ranks again.
+        regularizer = GradRegularizer(cfg.algo.regularizer, sharded=world == 1)
+        guard = RollbackGuard(cfg.algo.rollback)
+        state = cls(cfg, model, tokenizer, ref, optimizer, scheduler, regularizer, guard)
+        state.world_size, state.rank = world, rank
+        if ckpt is not None:
+            state._load(ckpt)
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # DDP all-reduces gradient buckets asynchronously while backward still runs.
+            state.ddp = DistributedDataParallel(model, bucket_cap_mb=t.ddp_bucket_mb)
+        state.guard.snapshot(model, optimizer, state.regularizer, state.step)
+        return state
+
+    def _load(self, path: Path) -> None:
+        saved = load_trainer_state(path)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.regularizer.load_state_dict(saved["regularizer"])
+        self.step = int(saved["step"])
+        self.version = int(saved["version"])
+        set_rng_state(saved["rng"])
+        log.info(
+            "trainer.resumed",
+            path=str(path),
+            step=self.step,
+            version=self.version,
+            tau=self.regularizer.tau,
+        )
+
+    def checkpoint(self) -> Path | None:
+        """Rank 0 writes the checkpoint; every rank takes a new rollback snapshot."""
+        self.guard.snapshot(self.model, self.optimizer, self.regularizer, self.step)
+        if self.rank != 0:
+            return None
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "regularizer": self.regularizer.state_dict(),
+            "step": self.step,
+            "version": self.version,
+        }
+        path = save_checkpoint(
+            Path(self.cfg.run.run_dir),
+            self.step,
+            self.model,
+            self.tokenizer,
+            state,
+            self.cfg.trainer.keep_checkpoints,
+        )
+        log.info("checkpoint.saved", step=self.step, path=str(path))
+        return path
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.model.state_dict().items()
+
+    # ----- the update -------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch) -> StepResult:
+        tensors = to_tensors(batch, pad_id=self._pad_id())
+        if tensors.size == 0:
+            log.warning("trainer.empty_batch", step=self.step)
+            return StepResult(applied=False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = self._forward_backward(tensors, batch)
+        if not self.guard.check(loss, params):
+            self.guard.rollback(
+                self.model, self.optimizer, self.regularizer, self.step, self.guard.last_cause or ""
+            )
+            return StepResult(applied=False)
+        reg = self.regularizer.apply(params)
+        self.optimizer.step()
+        self.scheduler.step()
+        for group in self.optimizer.param_groups:  # keep rollback's lr reductions
+            group["lr"] *= self.guard.lr_scale
+        self.guard.stable()
+        self.step += 1
+        self.version += 1
+        metrics.update(
+            loss=float(loss),
+            grad_norm=reg.norm_before,
+            grad_norm_after=reg.norm_after,
+            tau=reg.tau,
+            reg_fired=reg.fired,
+            reg_fired_frac=reg.fired_frac,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+            rollbacks=self.guard.total,
+        )
+        return StepResult(applied=True, metrics=metrics)
+
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
+
+    def _totals(self, t: Tensors, batch: TrainBatch) -> tuple[float, float]:
+        """Loss normalisers: the whole step's counts, divided by the ranks (DDP averages)."""
+        stats = dict(batch.stats)
+        seqs, tokens = loss_totals(t.completion_mask)
+        seqs = int(stats.get("num_seqs_total", seqs))
+        tokens = int(stats.get("num_tokens_total", tokens))
+        return seqs / self.world_size, tokens / self.world_size
+
+    def _forward_backward(
+        self, t: Tensors, batch: TrainBatch
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Accumulate gradients over micro-batches; returns the full-batch loss and metrics."""
+        totals = self._totals(t, batch)
+        total = torch.zeros(())
+        sums: dict[str, float] = {}
+        mb = self.cfg.trainer.micro_batch
+        starts = list(range(0, t.size, mb))
+        for lo in starts:
+            part = t.slice(lo, min(lo + mb, t.size))
+            # under DDP, gradients are all-reduced on the last micro-batch only
+            last = lo == starts[-1]
+            sync = (
+                self.ddp.no_sync()
+                if self.ddp is not None and not last
+                else contextlib.nullcontext()
+            )
+            with sync:
+                loss, m = self._micro_loss(part, totals, first=lo == 0)
+                loss.backward()
+            total = total + loss.detach()
+            weight = float(m.get("num_tokens", 0.0))
+            for k, v in m.items():
+                if k != "num_tokens" and math.isfinite(v):
+                    sums[k] = sums.get(k, 0.0) + v * weight
+        local_tokens = float(t.completion_mask.sum())
+        metrics = {k: v / max(local_tokens, 1.0) for k, v in sums.items()}
+        metrics.setdefault("kl", 0.0)
+        return total, metrics
+
+    def _micro_loss(
+        self, part: Tensors, totals: tuple[float, float], first: bool
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        settings = self.cfg.algo.loss
+        model = self.ddp if self.ddp is not None else self.model
+        # one forward per micro-batch under DDP (its reducer expects forward, then backward)
+        chunk = part.size if self.ddp is not None else settings.logprob_chunk
+        logp, entropy = token_logprobs(
+            model,
+            part.input_ids,
+            part.attention_mask,
+            part.completion_mask,
+            chunk,
+            self.cfg.generator.temperature,
+        )
+        ref_logp = self._ref_logp(part) if self.ref_model is not None else None
+        loss, m = grpo_loss(
+            logp,
+            part.old_logp,
+            part.advantages,
+            part.completion_mask,
+            settings,
+            ref_logp=ref_logp,
+            max_tokens=self.cfg.generator.max_tokens,
+            entropy=entropy,
+            num_seqs_total=totals[0],
+            num_tokens_total=totals[1],
+        )
+        if self.cfg.trainer.fault_nan_step == self.step and first and not self.fault_fired:
+            self.fault_fired = True
+            loss = loss * float("nan")  # test hook: exercise the rollback path once
+        return loss, m
+
+    def _ref_logp(self, part: Tensors) -> torch.Tensor:
+        with torch.no_grad():
+            ref, _ = token_logprobs(
+                self.ref_model,
+                part.input_ids,
+                part.attention_mask,
+                part.completion_mask,
+                self.cfg.algo.loss.logprob_chunk,
+                self.cfg.generator.temperature,
+                with_entropy=False,
+            )
+        return ref
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment; joins the process group if > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    dist = torch.distributed
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return rank, world

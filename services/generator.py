@@ -1,0 +1,197 @@
+"""The generator service: pull prompts with credits, sample G completions, send Rollouts.
+
+Invariants:
+- it never holds more prompts than it asked for (credits);
+- a batch is generated with a policy version >= the batch's `min_version` (it waits for
+  and applies that version first), and each Rollout says which version produced it;
+- weights are applied between batches, a whole version at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import structlog
+
+from grpo_stream.engines import Engine, GroupSample, make_engine
+from grpo_stream.protocols import messages as m
+from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+
+log = structlog.get_logger()
+
+
+class Generator:
+    """One inference engine serving the hub."""
+
+    def __init__(self, link: HubLink, engine: Engine, stop: StopFlag) -> None:
+        self.link = link
+        self.engine = engine
+        self.stop = stop
+        assert link.cfg is not None
+        self.cfg = link.cfg
+        self.queue: deque[m.PromptBatch] = deque()
+        self.credits = self.cfg.generator.prompts_per_request
+        self.watcher: object | None = None
+        self.announced = 0
+        self.tokens_per_s = 0.0
+        self.wait_s = 0.0
+        self.batches = 0
+        self._joins = link.joins
+
+    def serve(self) -> None:
+        self.link.send(m.WorkRequest(instance=self.link.instance, credits=2 * self.credits))
+        while not self.stop.set:
+            idle = not self.queue
+            t0 = time.perf_counter()
+            self._receive(timeout_ms=0 if self.queue else 50)
+            if idle:  # time spent waiting for work (credits outstanding, nothing to do)
+                self.wait_s += time.perf_counter() - t0
+            if self.link.joins != self._joins:  # the hub restarted: our credits are gone
+                self._joins = self.link.joins
+                self.queue.clear()
+                self.link.send(m.WorkRequest(instance=self.link.instance, credits=2 * self.credits))
+            self._poll_weights()
+            if not self.queue:
+                continue
+            batch = self.queue.popleft()
+            if not self._ensure_version(batch.min_version):
+                self.queue.appendleft(batch)
+                continue
+            self._generate(batch)
+            self.link.send(m.WorkRequest(instance=self.link.instance, credits=len(batch.prompts)))
+
+    def _receive(self, timeout_ms: int) -> None:
+        msg = self.link.recv(timeout_ms)
+        while msg is not None:
+            if isinstance(msg, m.PromptBatch):
+                self.queue.append(msg)
+            msg = self.link.recv(0)
+
+    def _poll_weights(self) -> None:
+        from grpo_stream.transport.weights import WeightsWatcher
+
+        if self.watcher is None and "announce" in self.link.peers:
+            self.watcher = WeightsWatcher(
+                self.link.ctx, self.link.peers["announce"], self.cfg.transport, self.link.security
+            )
+        if isinstance(self.watcher, WeightsWatcher):
+            seen = self.watcher.poll(0)
+            if seen is not None:
+                self.announced = max(self.announced, seen)
+
+    def _ensure_version(self, min_version: int) -> bool:
+        """Apply the newest announced version if we are behind `min_version` (or behind at all)."""
+        if self.announced > self.engine.version and "weights" in self.link.peers:
+            t0 = time.perf_counter()
+            version = self.engine.update_from_server(self.link.peers["weights"], self.announced)
+            log.info("weights.applied", version=version, seconds=round(time.perf_counter() - t0, 4))
+        if self.engine.version >= min_version:
+            return True
+        self._receive(timeout_ms=20)  # keep beating while the trainer publishes
+        return False
+
+    def _generate(self, batch: m.PromptBatch) -> None:
+        g = self.cfg.generator
+        t0 = time.perf_counter()
+        samples = self.engine.generate(
+            list(batch.prompts),
+            batch.group_size,
+            batch.max_tokens,
+            batch.temperature,
+            batch.top_p,
+            seed=self.cfg.run.seed * 1_000_003 + int(batch.lease_id),
+        )
+        seconds = time.perf_counter() - t0
+        if g.throttle > 1:
+            time.sleep((g.throttle - 1) * seconds)
+            seconds *= g.throttle
+        tokens = 0
+        for gid, prompt, ref, sample in zip(
+            batch.group_ids, batch.prompts, batch.references, samples, strict=False
+        ):
+            tokens += self._send_rollout(
+                batch.lease_id, int(gid), prompt, dict(ref), sample, seconds
+            )
+        rate = tokens / max(seconds, 1e-9)
+        self.tokens_per_s = rate if self.batches == 0 else 0.7 * self.tokens_per_s + 0.3 * rate
+        self.batches += 1
+        self.link.stats.update(
+            tokens_per_s=round(self.tokens_per_s, 2),
+            wait_s=round(self.wait_s, 3),
+            version=self.engine.version,
+            batches=self.batches,
+        )
+        log.debug("batch.generated", prompts=len(samples), tokens=tokens, seconds=round(seconds, 3))
+
+    def _send_rollout(
+        self,
+        lease_id: int,
+        group_id: int,
+        prompt: str,
+        ref: dict[str, object],
+        sample: GroupSample,
+        seconds: float,
+    ) -> int:
+        comps = sample.completions
+        lengths = [len(c.token_ids) for c in comps]
+        offsets = np.zeros(len(comps) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum(lengths)
+        flat_ids = [t for c in comps for t in c.token_ids]
+        flat_lp = [lp for c in comps for lp in c.logprobs]
+        self.link.send(
+            m.Rollout(
+                lease_id=lease_id,
+                group_id=group_id,
+                instance=self.link.instance,
+                policy_version=self.engine.version,
+                prompt=prompt,
+                reference=ref,
+                prompt_ids=np.array(sample.prompt_ids, dtype=np.int32),
+                completion_ids=np.array(flat_ids, dtype=np.int32),
+                completion_offsets=offsets,
+                logprobs=np.array(flat_lp, dtype=np.float32),
+                texts=[c.text for c in comps],
+                truncated=[c.truncated for c in comps],
+                gen_seconds=seconds,
+            )
+        )
+        return int(offsets[-1])
+
+
+def run_generator(
+    hub: str,
+    instance: str,
+    transport: TransportSettings,
+    security: SecuritySettings,
+    fingerprint: dict[str, object] | None = None,
+    log_setup: tuple[str, bool] = ("info", False),
+) -> int:
+    stop = StopFlag().install()
+    link = HubLink(
+        "generator",
+        instance,
+        hub,
+        transport,
+        security,
+        stop,
+        fingerprint=fingerprint,
+        log_setup=log_setup,
+    )
+    cfg = link.connect()
+    import torch
+
+    torch.set_num_threads(cfg.run.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    engine = make_engine(
+        cfg.generator.engine, cfg.model, cfg.generator, cfg.transport, link.security
+    )
+    log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
+    try:
+        Generator(link, engine, stop).serve()
+    finally:
+        engine.close()
+        link.close(stop.reason or "done")
+    return 0

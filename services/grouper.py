@@ -1,0 +1,402 @@
+"""The grouper hub: registry, dispatch with leases, group assembly, replay buffer, batches.
+
+Invariants (see `grpo_stream.hub.ledger`):
+- every dispatched group reaches the trainer at most once for its first use, and ends exactly
+  once as trained, filtered, stale or failed;
+- nothing staler than `hub.max_staleness` policy versions ships in a TrainBatch;
+- nothing is pushed to a worker that did not ask: generators and scorers pull with credits.
+
+The loop: `while running: poll the ROUTER; handle one message; dispatch; answer batch
+requests; check heartbeats and leases; checkpoint now and then`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import structlog
+
+from grpo_stream.config import RunConfig
+from grpo_stream.hub.batches import assemble, build_batch
+from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.registry import Peer, Registry
+from grpo_stream.hub.replay import Group, ReplayBuffer
+from grpo_stream.hub.state import load_state, save_state
+from grpo_stream.protocols import messages as m
+from grpo_stream.transport.sockets import Server, close_context, make_context
+
+log = structlog.get_logger()
+
+
+class Grouper:
+    """The hub service."""
+
+    def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
+        from grpo_stream.tasks import make_task
+
+        self.cfg = cfg
+        self.run_id = uuid.uuid4().hex[:12]
+        self.run_dir = Path(cfg.run.run_dir)
+        self.task = make_task(cfg.task)
+        hub = cfg.hub
+        self.ledger = Ledger(hub.groups_per_step, hub.max_staleness, hub.lease_timeout_s)
+        self.buffer = ReplayBuffer(
+            hub.replay.capacity, hub.replay.reuse, hub.replay.sampling, cfg.run.seed
+        )
+        self.registry = Registry(cfg.transport.heartbeat_timeout_s)
+        self.rollouts: dict[int, m.Rollout] = {}
+        self.pending_batches: deque[tuple[bytes, m.BatchRequest]] = deque()
+        self.peers_info: dict[str, Any] = {}
+        self.policy_version = 0
+        self.recent_rewards: deque[float] = deque(maxlen=1024)
+        self.window_rewards: list[float] = []  # rewards of groups filtered since the last batch
+        self.ctx = make_context()
+        self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
+        self._stop = False
+        self._last_ckpt = time.monotonic()
+        self._state_path = self.run_dir / "hub" / "state.msgpack"
+        if resume:
+            self._restore()
+
+    # ----- lifecycle ------------------------------------------------------------------
+    def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
+        self._stop = True
+
+    def serve(self) -> int:
+        """Run until a Shutdown or a signal; returns the exit code."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        addr_file = self.run_dir / "hub.addr"
+        addr_file.parent.mkdir(parents=True, exist_ok=True)
+        addr_file.write_text(self.public_address() + "\n")
+        log.info(
+            "hub.started",
+            address=self.server.address,
+            public=self.public_address(),
+            run_id=self.run_id,
+        )
+        try:
+            while not self._stop:
+                got = self.server.recv(timeout_ms=50)
+                if got is not None:
+                    self._handle(*got)
+                self._tick()
+        finally:
+            self._broadcast(m.Shutdown(reason="hub stopping"))
+            self._checkpoint()
+            log.info("hub.stopped", **self.ledger.summary(), rejected=dict(self.server.rejected))
+            self.server.close()
+            close_context(self.ctx)
+        return 0
+
+    def public_address(self) -> str:
+        return self.cfg.hub.public_address or self.server.address
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for peer in self.registry.expire(now):
+            n = self.ledger.release_holder(peer.instance)
+            log.warning(
+                "peer.lost",
+                instance=peer.instance,
+                service=peer.service,
+                host=peer.host,
+                requeued=n,
+            )
+            if peer.service == "trainer":
+                self.pending_batches = deque(
+                    (i, r) for i, r in self.pending_batches if i != peer.identity
+                )
+        expired = self.ledger.expire(now)
+        if expired:
+            log.warning("lease.expired", groups=expired)
+        self._dispatch(now)
+        self._serve_batches()
+        if now - self._last_ckpt > self.cfg.hub.checkpoint_every_s:
+            self._checkpoint()
+
+    # ----- messages -------------------------------------------------------------------
+    def _handle(self, identity: bytes, msg: m.Message) -> None:
+        if isinstance(msg, m.Hello):
+            self._on_hello(identity, msg)
+            return
+        if isinstance(msg, m.StatusRequest):
+            self.server.send(identity, self._status())
+            return
+        peer = self.registry.by_identity(identity)
+        if peer is None:
+            self.server.rejected["unregistered"] += 1
+            self.server.send(
+                identity,
+                m.Error(code="unregistered", message="send Hello first", in_reply_to=msg.KIND),
+            )
+            return
+        peer.last_seen = time.monotonic()
+        handler = {
+            m.Heartbeat: self._on_heartbeat,
+            m.WorkRequest: self._on_work_request,
+            m.Rollout: self._on_rollout,
+            m.Scored: self._on_scored,
+            m.BatchRequest: self._on_batch_request,
+            m.Shutdown: self._on_shutdown,
+        }.get(type(msg))
+        if handler is None:
+            self.server.rejected["unexpected_kind"] += 1
+            self.server.send(
+                identity, m.Error(code="unexpected_kind", message=f"hub does not take {msg.KIND}")
+            )
+            return
+        handler(peer, msg)
+
+    def _on_hello(self, identity: bytes, hello: m.Hello) -> None:
+        old = self.registry.peers.get(hello.instance)
+        if old is not None:  # a restarted instance: what it held is re-dispatched
+            self.ledger.release_holder(old.instance)
+        peer = self.registry.register(
+            Peer(
+                hello.service,
+                hello.instance,
+                identity,
+                hello.host,
+                hello.pid,
+                hello.rank,
+                dict(hello.fingerprint),
+                time.monotonic(),
+            )
+        )
+        if hello.service == "trainer" and hello.rank == 0 and hello.endpoints:
+            self.peers_info.update(hello.endpoints)
+            for other in self.registry.peers.values():
+                if other.instance != peer.instance:
+                    self.server.send(other.identity, self._welcome())
+        log.info(
+            "peer.joined",
+            service=hello.service,
+            instance=hello.instance,
+            host=hello.host,
+            joined=peer.joined,
+        )
+        self.server.send(identity, self._welcome())
+
+    def _welcome(self) -> m.Welcome:
+        return m.Welcome(
+            run_id=self.run_id,
+            config=self.cfg.model_dump(mode="json"),
+            config_digest=self.cfg.digest(),
+            peers=dict(self.peers_info),
+            policy_version=self.policy_version,
+        )
+
+    def _on_heartbeat(self, peer: Peer, msg: m.Heartbeat) -> None:
+        self.registry.beat(peer.instance, time.monotonic(), dict(msg.stats))
+
+    def _on_work_request(self, peer: Peer, msg: m.WorkRequest) -> None:
+        peer.credits = max(0, peer.credits + msg.credits)
+
+    def _on_shutdown(self, peer: Peer, msg: m.Shutdown) -> None:
+        log.info("peer.leaving", instance=peer.instance, reason=msg.reason)
+        self.ledger.release_holder(peer.instance)
+        self.registry.remove(peer.instance)
+        if peer.service == "trainer" and msg.reason == "done":
+            self._stop = True
+
+    def _on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
+        if not self.ledger.accept_rollout(msg.group_id):
+            return
+        stale_by = self.ledger.next_version - msg.policy_version
+        if stale_by > self.cfg.hub.max_staleness:
+            self.ledger.finish(msg.group_id, "stale")
+            return
+        self.rollouts[msg.group_id] = msg
+
+    def _on_scored(self, peer: Peer, msg: m.Scored) -> None:
+        rollout = self.rollouts.pop(msg.group_id, None)
+        if rollout is None or not self.ledger.accept_scored(msg.group_id):
+            return
+        for err in msg.errors[:3]:
+            log.warning("reward.error", group_id=msg.group_id, error=err)
+        finite = [float(r) for r in msg.rewards if np.isfinite(r)]
+        self.recent_rewards.extend(finite)
+        std = float(np.std(self.recent_rewards, ddof=1)) if len(self.recent_rewards) > 1 else 1.0
+        got = assemble(rollout, msg, self.cfg.algo.advantage, std)
+        if got.failed:
+            self.ledger.finish(msg.group_id, "failed")
+        elif got.zero_signal and self.cfg.algo.advantage.filter_zero_signal:
+            self.window_rewards.extend(finite)
+            self.ledger.finish(msg.group_id, "filtered")
+        else:
+            for evicted in self.buffer.add(got.group):
+                if evicted.uses == 0:
+                    self.ledger.finish(evicted.group_id, "stale")
+
+    def _on_batch_request(self, peer: Peer, msg: m.BatchRequest) -> None:
+        self.policy_version = max(self.policy_version, msg.trainer_version)
+        self.ledger.next_version = msg.trainer_version
+        self.pending_batches.append((peer.identity, msg))
+
+    # ----- work out ---------------------------------------------------------------------
+    def _dispatch(self, now: float) -> None:
+        for peer in self.registry.of("generator"):
+            if peer.credits <= 0:
+                continue
+            taken = self.ledger.take_for_generation(peer.instance, peer.credits, now)
+            if taken is None:
+                break
+            lease, min_version = taken
+            ids = sorted(lease.group_ids)
+            problems = [self.task.problem(i) for i in ids]
+            peer.credits -= len(ids)
+            g = self.cfg.generator
+            self.server.send(
+                peer.identity,
+                m.PromptBatch(
+                    lease_id=lease.lease_id,
+                    group_ids=np.array(ids, dtype=np.int64),
+                    prompts=[p.prompt for p in problems],
+                    references=[dict(p.reference) for p in problems],
+                    group_size=g.group_size,
+                    max_tokens=g.max_tokens,
+                    temperature=g.temperature,
+                    top_p=g.top_p,
+                    min_version=min_version,
+                ),
+            )
+        for peer in self.registry.of("scorer"):
+            while peer.credits > 0:
+                taken_s = self.ledger.take_for_scoring(peer.instance, now)
+                if taken_s is None:
+                    return
+                lease, gid = taken_s
+                ro = self.rollouts[gid]
+                peer.credits -= 1
+                self.server.send(
+                    peer.identity,
+                    m.ScoreRequest(
+                        lease_id=lease.lease_id,
+                        group_id=gid,
+                        prompt=ro.prompt,
+                        completions=list(ro.texts),
+                        reference=dict(ro.reference),
+                    ),
+                )
+
+    def _serve_batches(self) -> None:
+        """Answer batch requests once enough fresh groups are buffered. With W trainer ranks,
+        the step's groups are split W ways, one shard per rank, sent when all W have asked."""
+        hub = self.cfg.hub
+        while self.pending_batches:
+            _, head = self.pending_batches[0]
+            world = max(1, head.world_size)
+            ranks = {r.rank: ident for ident, r in self.pending_batches if r.step == head.step}
+            if len(ranks) < world:
+                return
+            for g in self.buffer.evict_stale(head.trainer_version, hub.max_staleness):
+                if g.uses == 0:
+                    self.ledger.finish(g.group_id, "stale")
+            if self.buffer.ready(head.trainer_version, hub.max_staleness) < hub.groups_per_step:
+                return
+            self.pending_batches = deque(
+                (i, r) for i, r in self.pending_batches if r.step != head.step
+            )
+            sampled = self.buffer.sample(
+                hub.groups_per_step, head.trainer_version, hub.max_staleness
+            )
+            for g, first in zip(sampled.groups, sampled.first_use, strict=True):
+                if first:
+                    self.ledger.finish(g.group_id, "trained")
+            self.ledger.check_invariant()
+            stats = self._batch_stats(sampled.groups)
+            shards = [
+                build_batch(head.step, sampled.groups[r::world], head.trainer_version, stats)
+                for r in range(world)
+            ]
+            seqs = sum(len(b.advantages) for b in shards)
+            tokens = sum(len(b.behaviour_logprobs) for b in shards)
+            log.info(
+                "batch.sent",
+                step=head.step,
+                trainer_version=head.trainer_version,
+                groups=[g.group_id for g in sampled.groups],
+                sequences=seqs,
+            )
+            for rank, batch in enumerate(shards):
+                batch.stats.update(num_seqs_total=seqs, num_tokens_total=tokens)
+                self.server.send(ranks[rank], batch)
+            self.ledger.next_version = head.trainer_version + 1
+            self.window_rewards = []
+
+    def _batch_stats(self, groups: list[Group]) -> dict[str, Any]:
+        """Hub-side metrics for the step. The reward is over the batch's groups and the groups
+        filtered since the last batch (all-correct and all-wrong ones count too)."""
+        rewards = [float(r) for g in groups for r in g.rewards if np.isfinite(r)]
+        rewards += self.window_rewards
+        rewards = rewards or [float("nan")]
+        gens = self.registry.of("generator")
+        return {
+            **{f"groups_{k}": v for k, v in self.ledger.summary().items()},
+            "reward_mean": float(np.mean(rewards)),
+            "reward_std": float(np.std(rewards)),
+            "pass_rate": float(np.mean([r >= 1.0 for r in rewards])),
+            "gen_tokens_per_s": {p.instance: float(p.stats.get("tokens_per_s", 0.0)) for p in gens},
+            "gen_wait_s": float(sum(float(p.stats.get("wait_s", 0.0)) for p in gens)),
+            "buffer_size": len(self.buffer),
+            "peers_lost": self.registry.lost_total,
+        }
+
+    def _status(self) -> m.Status:
+        counters = {
+            **self.ledger.summary(),
+            "buffer": len(self.buffer),
+            "to_score": len(self.ledger.to_score),
+            "retry": len(self.ledger.retry),
+            "peers_lost": self.registry.lost_total,
+            "rejected": sum(self.server.rejected.values()),
+        }
+        return m.Status(
+            services=self.registry.describe(),
+            counters=counters,
+            policy_version=self.policy_version,
+        )
+
+    def _broadcast(self, msg: m.Message) -> None:
+        for peer in self.registry.peers.values():
+            self.server.send(peer.identity, msg)
+
+    # ----- checkpoint -------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        self._last_ckpt = time.monotonic()
+        save_state(
+            self._state_path,
+            {
+                "run_id": self.run_id,
+                "ledger": self.ledger.state(),
+                "buffer": self.buffer.state(),
+                "policy_version": self.policy_version,
+                "recent_rewards": list(self.recent_rewards),
+            },
+        )
+        (self.run_dir / "hub" / "counters.json").write_text(json.dumps(self.ledger.summary()))
+
+    def _restore(self) -> None:
+        state = load_state(self._state_path)
+        if state is None:
+            log.info("hub.fresh_start", reason="no checkpoint", path=str(self._state_path))
+            return
+        self.run_id = str(state["run_id"])
+        self.buffer.load_state(state["buffer"])
+        self.ledger.load_state(state["ledger"], scored=set())
+        self.policy_version = int(state["policy_version"])
+        self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
+        log.info("hub.resumed", **self.ledger.summary(), buffer=len(self.buffer))
+
+
+def run_grouper(cfg: RunConfig, resume: bool = False) -> int:
+    return Grouper(cfg, resume=resume).serve()

@@ -1,0 +1,252 @@
+"""The trainer service: request TrainBatches, apply the regularized GRPO update, publish
+weights, write metrics and checkpoints.
+
+Invariants:
+- the policy version equals the number of optimizer steps applied; it only grows, also
+  across restarts (a restarted trainer resumes from its newest complete checkpoint);
+- a version is published (complete snapshot, then announce) before a batch request that
+  names it reaches the hub, so the hub never asks generators for a version that will not come;
+- a non-finite loss or gradient never reaches the weights (rollback of the GRPO core).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from grpo_stream.config import RunConfig
+from grpo_stream.protocols import messages as m
+from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+
+log = structlog.get_logger()
+
+
+class Trainer:
+    """Policy, optimizer and the update loop of one trainer process (rank 0 publishes)."""
+
+    def __init__(self, link: HubLink, stop: StopFlag, resume: bool) -> None:
+        from grpo_stream.training.state import TrainState
+
+        assert link.cfg is not None
+        self.cfg: RunConfig = link.cfg
+        self.link = link
+        self.stop = stop
+        self.run_dir = Path(self.cfg.run.run_dir)
+        self.state = TrainState.create(self.cfg, resume=resume)
+        self.server: Any = None
+        self.metrics: Any = None
+        self.wall0 = time.time()
+        self.wait_total = 0.0
+        self._reporter: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Rank 0: bind the weight server, publish the current version, tell the hub where
+        it is, open metrics. Other ranks only train."""
+        from grpo_stream.training.metrics import MetricsWriter
+        from grpo_stream.transport.weights import WeightServer
+
+        if self.state.rank != 0:
+            return
+
+        host = _host_of(self.cfg.trainer.bind)
+        self.server = WeightServer(
+            self.link.ctx,
+            self.cfg.trainer.bind,
+            self.cfg.trainer.announce_bind or f"tcp://{host}:0",
+            self.cfg.transport,
+            self.link.security,
+        )
+        self.publish()
+        endpoints = {
+            k: _public(v, self.cfg.trainer.public_host) for k, v in self.server.addresses.items()
+        }
+        self.link.endpoints = endpoints
+        self.link.rejoin()  # second Hello, now with the weight server's endpoints
+        self.metrics = MetricsWriter(self.run_dir)
+        log.info("trainer.ready", version=self.state.version, step=self.state.step, **endpoints)
+
+    def publish(self) -> None:
+        if self.server is None:
+            return
+        t0 = time.perf_counter()
+        self.server.publish(self.state.version, self.state.named_weights())
+        log.info(
+            "weights.published",
+            version=self.state.version,
+            seconds=round(time.perf_counter() - t0, 4),
+        )
+
+    def serve(self) -> bool:
+        """Train until max_steps (True) or a stop request (False)."""
+        while self.state.step < self.cfg.run.max_steps and not self.stop.set:
+            batch, waited = self._next_batch()
+            if batch is None:
+                break
+            self.wait_total += waited
+            t0 = time.perf_counter()
+            result = self.state.train_step(batch)
+            seconds = time.perf_counter() - t0
+            if not result.applied:
+                continue
+            if self.state.version % self.cfg.trainer.publish_every == 0:
+                self.publish()
+            if self.metrics is not None:
+                self._record(batch, result.metrics, seconds, waited)
+            if self.state.step % self.cfg.trainer.checkpoint_every == 0:
+                self.state.checkpoint()
+        return self.state.step >= self.cfg.run.max_steps
+
+    def _next_batch(self) -> tuple[m.TrainBatch | None, float]:
+        t0 = time.perf_counter()
+        joins = self.link.joins
+        self.link.send(self._request())
+        while not self.stop.set:
+            msg = self.link.recv(timeout_ms=100)
+            if isinstance(msg, m.TrainBatch):
+                return msg, time.perf_counter() - t0
+            if self.link.joins != joins:  # the hub restarted: ask again
+                joins = self.link.joins
+                self.link.send(self._request())
+        return None, time.perf_counter() - t0
+
+    def _record(
+        self, batch: m.TrainBatch, metrics: dict[str, Any], seconds: float, waited: float
+    ) -> None:
+        stats = dict(batch.stats)
+        tokens = len(batch.behaviour_logprobs)
+        gen_rates = stats.get("gen_tokens_per_s", {})
+        row = {
+            "step": self.state.step,
+            "reward_mean": stats.get("reward_mean"),
+            "reward_std": stats.get("reward_std"),
+            "pass_rate": stats.get("pass_rate"),
+            **metrics,
+            "policy_version": self.state.version,
+            "staleness_mean": stats.get("staleness_mean", 0.0),
+            "groups_trained": stats.get("groups_trained", 0),
+            "groups_filtered": stats.get("groups_filtered", 0),
+            "groups_stale": stats.get("groups_stale", 0),
+            "groups_failed": stats.get("groups_failed", 0),
+            "groups_redispatched": stats.get("groups_redispatched", 0),
+            "sequences": len(batch.advantages),
+            "tokens": tokens,
+            "tokens_per_s": sum(gen_rates.values()) if isinstance(gen_rates, dict) else 0.0,
+            "gen_tokens_per_s": gen_rates,
+            "gen_wait_s": stats.get("gen_wait_s", 0.0),
+            "trainer_wait_s": waited,
+            "trainer_wait_total_s": self.wait_total,
+            "step_seconds": seconds,
+            "wall_time": time.time() - self.wall0,
+        }
+        self.metrics.write(row)
+        log.info(
+            "trainer.step",
+            step=self.state.step,
+            reward=_r(row["reward_mean"]),
+            loss=_r(row.get("loss")),
+            kl=_r(row.get("kl")),
+            grad_norm=_r(row.get("grad_norm")),
+            tau=_r(row.get("tau")),
+            wait_s=_r(waited),
+            step_s=_r(seconds),
+            staleness=_r(row["staleness_mean"]),
+        )
+        if self.state.step % 10 == 0:
+            self._report(background=True)
+
+    def _report(self, background: bool = False) -> None:
+        """Render report.png; in the background during the run so steps never wait on it."""
+        from grpo_stream.report import write_report
+
+        def render() -> None:
+            try:
+                write_report(self.run_dir)
+            except (OSError, ValueError) as exc:
+                log.warning("report.failed", error=str(exc))
+
+        if self._reporter is not None and self._reporter.is_alive():
+            if background:
+                return  # the previous one is still drawing
+            self._reporter.join()
+        if background:
+            self._reporter = threading.Thread(target=render, name="report", daemon=True)
+            self._reporter.start()
+        else:
+            render()
+
+    def _request(self) -> m.BatchRequest:
+        st = self.state
+        return m.BatchRequest(
+            step=st.step, trainer_version=st.version, rank=st.rank, world_size=st.world_size
+        )
+
+    def close(self, completed: bool) -> None:
+        if self.state.step > 0 or completed:
+            self.state.checkpoint()
+        if self.metrics is not None:
+            self.metrics.close()
+            self._report()
+        if self.server is not None:
+            self.server.close()
+
+
+def _r(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def _host_of(address: str) -> str:
+    return address.split("://", 1)[1].rsplit(":", 1)[0]
+
+
+def _public(address: str, host: str | None) -> str:
+    if host is None:
+        return address
+    return f"tcp://{host}:{address.rsplit(':', 1)[1]}"
+
+
+def run_trainer(
+    hub: str,
+    instance: str,
+    transport: TransportSettings,
+    security: SecuritySettings,
+    resume: bool = False,
+    fingerprint: dict[str, object] | None = None,
+    log_setup: tuple[str, bool] = ("info", False),
+) -> int:
+    stop = StopFlag().install()
+    rank = int(os.environ.get("RANK", "0"))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        instance = f"{instance}-r{rank}"
+    link = HubLink(
+        "trainer",
+        instance,
+        hub,
+        transport,
+        security,
+        stop,
+        rank=rank,
+        fingerprint=fingerprint,
+        log_setup=log_setup,
+    )
+    cfg = link.connect()
+    import torch
+
+    torch.set_num_threads(cfg.run.torch_threads)
+    trainer = Trainer(link, stop, resume=resume)
+    completed = False
+    try:
+        trainer.start()
+        completed = trainer.serve()
+    finally:
+        trainer.close(completed)
+        link.close("done" if completed else (stop.reason or "stopped"))
+    log.info("trainer.finished", completed=completed, step=trainer.state.step)
+    if completed or not stop.reason.startswith("hub"):
+        return 0  # done, or stopped by a signal (a final checkpoint was written)
+    return 75  # the hub went away before max_steps: not a clean end of the run

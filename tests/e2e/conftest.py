@@ -1,0 +1,109 @@
+"""Helpers for end-to-end tests: run `grpo-stream up` in the background, query the hub,
+read the run directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FAST = [
+    "--set", "hub.groups_per_step=4", "--set", "generator.group_size=4",
+    "--set", "generator.prompts_per_request=4", "--set", "transport.heartbeat_interval_s=0.5",
+    "--set", "transport.heartbeat_timeout_s=3.0", "--set", "hub.checkpoint_every_s=1.0",
+]
+
+
+def up_command(run_dir: Path, steps: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "grpo_stream.cli.main", "up", "--run-dir", str(run_dir),
+            "--max-steps", str(steps), *FAST, *extra]
+
+
+class Run:
+    """A `grpo-stream up` process in the background."""
+
+    def __init__(self, run_dir: Path, steps: int, *extra: str) -> None:
+        self.run_dir = run_dir
+        self.log = (run_dir.parent / f"{run_dir.name}.up.log").open("w")
+        self.proc = subprocess.Popen(up_command(run_dir, steps, *extra), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_steps(self, n: int, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(metrics(self.run_dir)) >= n:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"up exited early ({self.proc.returncode}): {self.output()[-2000:]}")
+            time.sleep(0.2)
+        raise AssertionError(f"no {n} steps in {timeout}s: {self.output()[-2000:]}")
+
+    def finish(self, timeout: float = 240) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.log.close()
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def status(run_dir: Path) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "grpo_stream.cli.main", "status", "--run-dir", str(run_dir),
+                          "--json"], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def pid_of(run_dir: Path, instance: str, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for svc in status(run_dir)["services"]:
+            if svc["instance"] == instance:
+                return int(svc["pid"])
+        time.sleep(0.3)
+    raise AssertionError(f"{instance} is not registered at the hub")
+
+
+def hub_events(run_dir: Path, event: str) -> list[dict[str, Any]]:
+    out = []
+    for path in (run_dir / "logs").glob("grouper-*.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("event") == event:
+                out.append(row)
+    return out
+
+
+def assert_accounting(run_dir: Path, steps: int, groups_per_step: int = 4) -> dict[str, int]:
+    counters: dict[str, int] = json.loads((run_dir / "hub" / "counters.json").read_text())
+    done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed"))
+    assert counters["dispatched"] == done + counters["in_progress"], counters
+    sent = [g for e in hub_events(run_dir, "batch.sent") for g in e["groups"]]
+    assert len(sent) == len(set(sent)), "a group reached the trainer twice"
+    assert len(sent) >= steps * groups_per_step
+    return counters
+
+
+@pytest.fixture
+def background_run(tmp_path: Path) -> Iterator[list[Run]]:
+    runs: list[Run] = []
+    yield runs
+    for run in runs:
+        run.kill()

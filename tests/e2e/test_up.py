@@ -1,0 +1,104 @@
+"""`grpo-stream up` end to end: real processes, real sockets, the real tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_stream.training.metrics import REQUIRED, read_metrics
+
+STEPS = 4
+
+
+def run_up(run_dir: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_stream.cli.main",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--max-steps",
+        str(STEPS),
+        "--set",
+        "hub.groups_per_step=4",
+        "--set",
+        "generator.group_size=4",
+        "--set",
+        "generator.prompts_per_request=4",
+        "--set",
+        "trainer.checkpoint_every=2",
+        *extra,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("up") / "run"
+    result = run_up(run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_metrics_have_every_field_for_every_step(finished_run: Path) -> None:
+    rows = read_metrics(finished_run)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for row in rows:
+        assert set(REQUIRED) <= set(row)
+    assert rows[-1]["policy_version"] == STEPS
+
+
+def test_parameters_changed_and_checkpoint_loads_with_transformers(finished_run: Path) -> None:
+    from grpo_stream.models.loading import resolve_model
+    from transformers import AutoModelForCausalLM
+
+    ckpt = finished_run / "checkpoints" / f"step-{STEPS}"
+    assert (ckpt / "COMPLETE").exists()
+    trained = AutoModelForCausalLM.from_pretrained(ckpt)
+    initial = AutoModelForCausalLM.from_pretrained(resolve_model("grpo-stream/tiny-arith"))
+    before = dict(initial.named_parameters())
+    changed = [n for n, p in trained.named_parameters() if not torch.equal(p, before[n])]
+    assert changed
+
+
+def test_accounting_invariant_holds(finished_run: Path) -> None:
+    counters = json.loads((finished_run / "hub" / "counters.json").read_text())
+    done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed"))
+    assert counters["dispatched"] == done + counters["in_progress"]
+    assert counters["trained"] == 4 * STEPS
+
+
+def test_run_directory_contract(finished_run: Path) -> None:
+    assert (finished_run / "config.toml").exists()
+    assert (finished_run / "report.png").stat().st_size > 0
+    logs = {p.name for p in (finished_run / "logs").glob("*.jsonl")}
+    assert {
+        "grouper-grouper-0.jsonl",
+        "trainer-trainer-0.jsonl",
+        "generator-generator-0.jsonl",
+        "scorer-scorer-0.jsonl",
+    } <= logs
+
+
+def test_up_refuses_an_existing_run_without_resume(finished_run: Path) -> None:
+    result = run_up(finished_run, timeout=60)
+    assert result.returncode != 0 and "--resume" in result.stderr
+
+
+def test_resume_continues_versions(finished_run: Path) -> None:
+    result = run_up(finished_run, "--resume", "--max-steps", str(STEPS + 2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_metrics(finished_run)
+    assert rows[-1]["step"] == STEPS + 2 and rows[-1]["policy_version"] == STEPS + 2
+
+
+def test_bad_config_value_exits_with_one_line(tmp_path: Path) -> None:
+    result = run_up(tmp_path / "r", "--set", "generator.group_size=0", timeout=60)
+    assert result.returncode != 0
+    assert "generator.group_size" in result.stderr

@@ -1,0 +1,45 @@
+"""A process killed (SIGKILL) while writing a checkpoint leaves the previous one usable."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from transformers import GPT2LMHeadModel
+
+from grpo_stream.training.checkpoint import latest_checkpoint
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from grpo_stream.training.checkpoint import save_checkpoint
+
+    run = Path(sys.argv[1])
+    small = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16))
+    save_checkpoint(run, 1, small, None, {"step": 1}, keep=5)
+    big = GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=8, n_embd=768, vocab_size=32, n_positions=64))
+    print("saving", flush=True)
+    for step in range(2, 100):
+        save_checkpoint(run, step, big, None, {"step": step}, keep=100)
+    """
+)
+
+
+def test_kill_during_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "saving"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = list((tmp_path / "checkpoints").glob(".tmp-step-*"))
+    assert partial, "the kill should land while a checkpoint is being written"
+    latest = latest_checkpoint(tmp_path)
+    assert latest is not None
+    GPT2LMHeadModel.from_pretrained(latest)  # the newest complete one loads
