@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from types import FrameType
 from typing import Any
@@ -21,6 +22,7 @@ import structlog
 from grpo_stream.config import RunConfig, config_from_dict
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols import messages as m
+from grpo_stream.transport.errors import TransportError
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
 
@@ -80,6 +82,11 @@ class HubLink:
         self.cfg: RunConfig | None = None
         self.stats: dict[str, Any] = {}
         self.joins = 0  # Welcomes received; a new one after a hub restart means: ask for work again
+        self.policy_version = 0  # the trainer's version as the hub last told us
+        self._hb_stop = threading.Event()
+        self._rejoin_wanted = threading.Event()  # set by the heartbeat thread
+        self._rejoined_at = -1e9
+        self._hb: threading.Thread | None = None
         self._next_beat = 0.0
 
     def connect(self) -> RunConfig:
@@ -96,11 +103,15 @@ class HubLink:
             console_json=self.log_setup[1],
         )
         log.info("hub.connected", hub=self.hub, run_id=welcome.run_id, digest=welcome.config_digest)
+        self._hb = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
+        self._hb.start()
         return self.cfg
 
     def _on_welcome(self, welcome: m.Welcome) -> None:
         self.cfg = config_from_dict(dict(welcome.config))
         self.joins += 1
+        self._rejoined_at = -1e9  # welcomed: a later rejection needs a new Hello
+        self.policy_version = max(self.policy_version, welcome.policy_version)
         self.peers = dict(welcome.peers)
         hb = self.cfg.transport
         self.transport = self.transport.model_copy(
@@ -115,7 +126,9 @@ class HubLink:
 
     def recv(self, timeout_ms: int) -> m.Message | None:
         """Next message for the service; Welcome, Shutdown and Error are handled here."""
-        self.beat_if_due()
+        if self._rejoin_wanted.is_set():
+            self._rejoin_wanted.clear()
+            self.rejoin()
         msg = self.client.recv(timeout_ms)
         if isinstance(msg, m.Welcome):
             self._on_welcome(msg)
@@ -131,8 +144,13 @@ class HubLink:
             return None
         return msg
 
-    def rejoin(self) -> None:
-        """The hub does not know us (it restarted): say Hello again."""
+    def rejoin(self, force: bool = False) -> None:
+        """The hub does not know us (it restarted, or declared us lost): say Hello again.
+        Several rejections arrive for one loss; one Hello per heartbeat deadline answers them."""
+        now = time.monotonic()
+        if not force and now - self._rejoined_at < self.transport.heartbeat_timeout_s:
+            return
+        self._rejoined_at = now
         log.info("hub.rejoin", hub=self.hub)
         self.client.send(self._hello())
 
@@ -148,13 +166,34 @@ class HubLink:
             endpoints=self.endpoints,
         )
 
-    def beat_if_due(self) -> None:
-        now = time.monotonic()
-        if now >= self._next_beat:
-            self._next_beat = now + self.transport.heartbeat_interval_s
-            self.client.send(m.Heartbeat(instance=self.instance, stats=dict(self.stats)))
+    def _beat_loop(self) -> None:
+        """Heartbeats from their own socket and thread, so a long model load or generation
+        never looks like a dead process; a stopped (SIGSTOP) or killed one stops beating."""
+        client = Client(
+            self.ctx,
+            self.hub,
+            self.transport,
+            self.security,
+            identity=f"{self.instance}.hb.{os.getpid()}",
+        )
+        try:
+            while not self._hb_stop.wait(self.transport.heartbeat_interval_s):
+                try:
+                    client.send(m.Heartbeat(instance=self.instance, stats=dict(self.stats)))
+                except TransportError as exc:  # the hub is away: keep trying
+                    log.debug("heartbeat.failed", error=str(exc))
+                reply = client.recv(0)
+                while reply is not None:
+                    if isinstance(reply, m.Error) and reply.code == "unregistered":
+                        self._rejoin_wanted.set()  # the main loop says Hello again
+                    reply = client.recv(0)
+        finally:
+            client.close()
 
     def close(self, reason: str) -> None:
+        self._hb_stop.set()
+        if self._hb is not None:
+            self._hb.join(timeout=5)
         try:
             self.client.send(m.Shutdown(reason=reason))
         finally:

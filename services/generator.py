@@ -19,6 +19,7 @@ from grpo_stream.engines import Engine, GroupSample, make_engine
 from grpo_stream.protocols import messages as m
 from grpo_stream.runtime import HubLink, StopFlag
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.weights import WeightsWatcher
 
 log = structlog.get_logger()
 
@@ -34,8 +35,11 @@ class Generator:
         self.cfg = link.cfg
         self.queue: deque[m.PromptBatch] = deque()
         self.credits = self.cfg.generator.prompts_per_request
-        self.watcher: object | None = None
+        self.watcher: WeightsWatcher | None = None
+        self.watched: str | None = None
+        self.reload = False  # the trainer restarted: take its newest version whatever its number
         self.announced = 0
+        self._next_fetch = 0.0
         self.tokens_per_s = 0.0
         self.wait_s = 0.0
         self.batches = 0
@@ -71,26 +75,42 @@ class Generator:
             msg = self.link.recv(0)
 
     def _poll_weights(self) -> None:
+        """Follow the trainer's announcements. A new announce address means a restarted
+        trainer, whose versions restart from its checkpoint: reload from it in any case."""
         from grpo_stream.transport.weights import WeightsWatcher
 
-        if self.watcher is None and "announce" in self.link.peers:
+        address = self.link.peers.get("announce")
+        if address is not None and address != self.watched:
+            if self.watcher is not None:
+                self.watcher.close()
+                self.reload = True
             self.watcher = WeightsWatcher(
-                self.link.ctx, self.link.peers["announce"], self.cfg.transport, self.link.security
+                self.link.ctx, address, self.cfg.transport, self.link.security
             )
-        if isinstance(self.watcher, WeightsWatcher):
+            self.watched = address
+        if self.watcher is not None:
             seen = self.watcher.poll(0)
             if seen is not None:
                 self.announced = max(self.announced, seen)
 
     def _ensure_version(self, min_version: int) -> bool:
-        """Apply the newest announced version if we are behind `min_version` (or behind at all)."""
-        if self.announced > self.engine.version and "weights" in self.link.peers:
+        """Catch up with the newest version when behind what was announced or what the
+        batch needs. A late joiner has seen no announcement: it asks the weight server for its
+        newest complete version, and retries shortly if that is not yet `min_version`."""
+        self.announced = max(self.announced, self.link.policy_version)
+        want = max(self.announced, min_version)
+        now = time.monotonic()
+        behind = self.engine.version < want or self.reload
+        if behind and "weights" in self.link.peers and now >= self._next_fetch:
+            self.reload = False
             t0 = time.perf_counter()
-            version = self.engine.update_from_server(self.link.peers["weights"], self.announced)
+            version = self.engine.update_from_server(self.link.peers["weights"], -1)
+            self.announced = max(self.announced, version)
+            self._next_fetch = now + (0.1 if version < want else 0.0)
             log.info("weights.applied", version=version, seconds=round(time.perf_counter() - t0, 4))
         if self.engine.version >= min_version:
             return True
-        self._receive(timeout_ms=20)  # keep beating while the trainer publishes
+        self._receive(timeout_ms=20)  # let the trainer publish
         return False
 
     def _generate(self, batch: m.PromptBatch) -> None:
@@ -170,6 +190,10 @@ def run_generator(
     log_setup: tuple[str, bool] = ("info", False),
 ) -> int:
     stop = StopFlag().install()
+    # heavy imports first: they hold the GIL for seconds, which would starve heartbeats
+    import torch
+    import transformers  # noqa: F401
+
     link = HubLink(
         "generator",
         instance,
@@ -181,7 +205,6 @@ def run_generator(
         log_setup=log_setup,
     )
     cfg = link.connect()
-    import torch
 
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)

@@ -13,6 +13,7 @@ requests; check heartbeats and leases; checkpoint now and then`.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import uuid
@@ -45,7 +46,12 @@ class Grouper:
         self.cfg = cfg
         self.run_id = uuid.uuid4().hex[:12]
         self.run_dir = Path(cfg.run.run_dir)
-        self.task = make_task(cfg.task)
+        tokenizer = None
+        if cfg.task.chat_template:  # prompts are rendered with the model's chat template
+            from grpo_stream.models.loading import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg.model.name_or_path)
+        self.task = make_task(cfg.task, tokenizer=tokenizer)
         hub = cfg.hub
         self.ledger = Ledger(hub.groups_per_step, hub.max_staleness, hub.lease_timeout_s)
         self.buffer = ReplayBuffer(
@@ -131,6 +137,14 @@ class Grouper:
         if isinstance(msg, m.StatusRequest):
             self.server.send(identity, self._status())
             return
+        if isinstance(msg, m.Heartbeat):  # beats come from a side socket: match by instance
+            if not self.registry.beat(msg.instance, time.monotonic(), dict(msg.stats)):
+                # a lost peer, or one from before a hub restart: tell it to say Hello again
+                self.server.send(
+                    identity,
+                    m.Error(code="unregistered", message="send Hello first", in_reply_to=msg.KIND),
+                )
+            return
         peer = self.registry.by_identity(identity)
         if peer is None:
             self.server.rejected["unregistered"] += 1
@@ -141,7 +155,6 @@ class Grouper:
             return
         peer.last_seen = time.monotonic()
         handler = {
-            m.Heartbeat: self._on_heartbeat,
             m.WorkRequest: self._on_work_request,
             m.Rollout: self._on_rollout,
             m.Scored: self._on_scored,
@@ -195,9 +208,6 @@ class Grouper:
             policy_version=self.policy_version,
         )
 
-    def _on_heartbeat(self, peer: Peer, msg: m.Heartbeat) -> None:
-        self.registry.beat(peer.instance, time.monotonic(), dict(msg.stats))
-
     def _on_work_request(self, peer: Peer, msg: m.WorkRequest) -> None:
         peer.credits = max(0, peer.credits + msg.credits)
 
@@ -238,7 +248,7 @@ class Grouper:
                     self.ledger.finish(evicted.group_id, "stale")
 
     def _on_batch_request(self, peer: Peer, msg: m.BatchRequest) -> None:
-        self.policy_version = max(self.policy_version, msg.trainer_version)
+        self.policy_version = msg.trainer_version  # follows a restarted trainer back, too
         self.ledger.next_version = msg.trainer_version
         self.pending_batches.append((peer.identity, msg))
 
@@ -359,6 +369,7 @@ class Grouper:
             "retry": len(self.ledger.retry),
             "peers_lost": self.registry.lost_total,
             "rejected": sum(self.server.rejected.values()),
+            "hub_pid": os.getpid(),
         }
         return m.Status(
             services=self.registry.describe(),

@@ -67,7 +67,7 @@ class Trainer:
             k: _public(v, self.cfg.trainer.public_host) for k, v in self.server.addresses.items()
         }
         self.link.endpoints = endpoints
-        self.link.rejoin()  # second Hello, now with the weight server's endpoints
+        self.link.rejoin(force=True)  # second Hello, now with the weight server's endpoints
         self.metrics = MetricsWriter(self.run_dir)
         log.info("trainer.ready", version=self.state.version, step=self.state.step, **endpoints)
 
@@ -223,6 +223,10 @@ def run_trainer(
     rank = int(os.environ.get("RANK", "0"))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         instance = f"{instance}-r{rank}"
+    # heavy imports first: they hold the GIL for seconds, which would starve heartbeats
+    import torch
+    import transformers  # noqa: F401
+
     link = HubLink(
         "trainer",
         instance,
@@ -235,7 +239,6 @@ def run_trainer(
         log_setup=log_setup,
     )
     cfg = link.connect()
-    import torch
 
     torch.set_num_threads(cfg.run.torch_threads)
     trainer = Trainer(link, stop, resume=resume)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class RewardSpec(BaseModel):
@@ -14,7 +14,7 @@ class RewardSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str
-    """A built-in name (exact_match, math_verify, format, length_penalty, countdown) or `package.module:function`."""
+    """A built-in (exact_match, math_verify, format, length_penalty, countdown) or `pkg.mod:fn`."""
     weight: float = 1.0
     """Weight of this component in the scalar reward."""
     params: dict[str, float | int | str | bool] = {}
@@ -42,7 +42,16 @@ class TaskSettings(BaseModel):
     """math: field holding the problem text."""
     answer_field: str = "answer"
     """math: field holding the reference answer."""
+    prompt_template: str = "{question}"
+    """math: the prompt; `{question}` is replaced by the problem text (other braces stay as is)."""
     chat_template: bool = False
-    """math: wrap the prompt with the tokenizer's chat template (instruct models)."""
+    """math, countdown: wrap the prompt with the tokenizer's chat template (instruct models)."""
     rewards: list[RewardSpec] | None = None
     """Reward functions and weights; None uses the task's defaults."""
+
+    @field_validator("ops")
+    @classmethod
+    def _check_ops(cls, ops: str) -> str:
+        if not ops or set(ops) - set("+-*"):
+            raise ValueError("must be one or more of the characters + - *")
+        return ops

@@ -10,58 +10,59 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Run, assert_accounting, hub_events, metrics, pid_of
+from .conftest import Run, assert_accounting, hub_events, metrics, pid_of, status
 
 pytestmark = pytest.mark.slow
+STEPS = 30
 
 
 def test_generator_killed_is_redispatched_and_restarted(tmp_path: Path, background_run: list[Run]) -> None:
-    run = Run(tmp_path / "run", 10, "--set", "run.restarts=2")
+    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
     background_run.append(run)
     run.wait_steps(2)
     os.kill(pid_of(run.run_dir, "generator-0"), signal.SIGKILL)
     assert run.finish() == 0, run.output()[-3000:]
-    counters = assert_accounting(run.run_dir, 10)
+    counters = assert_accounting(run.run_dir, STEPS)
     assert counters["requeued_generate"] + counters["redispatched"] > 0 or hub_events(run.run_dir, "peer.lost")
     joins = [e for e in hub_events(run.run_dir, "peer.joined") if e["instance"] == "generator-0"]
     assert len(joins) >= 2  # the restarted generator joined again and got work
 
 
 def test_scorer_killed_is_redispatched_and_restarted(tmp_path: Path, background_run: list[Run]) -> None:
-    run = Run(tmp_path / "run", 10, "--set", "run.restarts=2")
+    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
     background_run.append(run)
     run.wait_steps(2)
     os.kill(pid_of(run.run_dir, "scorer-0"), signal.SIGKILL)
     assert run.finish() == 0, run.output()[-3000:]
-    assert_accounting(run.run_dir, 10)
+    assert_accounting(run.run_dir, STEPS)
     assert hub_events(run.run_dir, "peer.lost") or hub_events(run.run_dir, "peer.joined")
 
 
 def test_trainer_killed_resumes_from_checkpoint(tmp_path: Path, background_run: list[Run]) -> None:
-    run = Run(tmp_path / "run", 10, "--set", "run.restarts=2", "--set", "trainer.checkpoint_every=2")
+    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2", "--set", "trainer.checkpoint_every=2")
     background_run.append(run)
     run.wait_steps(4)
     os.kill(pid_of(run.run_dir, "trainer-0"), signal.SIGKILL)
     assert run.finish() == 0, run.output()[-3000:]
     rows = metrics(run.run_dir)
-    assert rows[-1]["policy_version"] == 10
+    assert rows[-1]["policy_version"] == STEPS
     versions = [r["policy_version"] for r in rows]
     assert max(versions) == versions[-1]  # versions keep increasing after the restart
 
 
 def test_hub_killed_restarts_from_its_checkpoint(tmp_path: Path, background_run: list[Run]) -> None:
-    run = Run(tmp_path / "run", 10, "--set", "run.restarts=2")
+    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
     background_run.append(run)
     run.wait_steps(3)
     time.sleep(1.5)  # let the hub write a checkpoint
-    os.kill(pid_of(run.run_dir, "grouper-0"), signal.SIGKILL)
+    os.kill(int(status(run.run_dir)["counters"]["hub_pid"]), signal.SIGKILL)
     assert run.finish() == 0, run.output()[-3000:]
     assert len(hub_events(run.run_dir, "hub.resumed")) == 1
-    assert metrics(run.run_dir)[-1]["policy_version"] == 10
+    assert metrics(run.run_dir)[-1]["policy_version"] == STEPS
 
 
 def test_stopped_generator_is_declared_lost_and_recovers(tmp_path: Path, background_run: list[Run]) -> None:
-    run = Run(tmp_path / "run", 10, "--set", "generator.count=2")
+    run = Run(tmp_path / "run", STEPS, "--set", "generator.count=2")
     background_run.append(run)
     run.wait_steps(2)
     pid = pid_of(run.run_dir, "generator-1")
@@ -71,4 +72,4 @@ def test_stopped_generator_is_declared_lost_and_recovers(tmp_path: Path, backgro
     assert run.finish() == 0, run.output()[-3000:]
     lost = [e for e in hub_events(run.run_dir, "peer.lost") if e["instance"] == "generator-1"]
     assert lost
-    assert_accounting(run.run_dir, 10)
+    assert_accounting(run.run_dir, STEPS)

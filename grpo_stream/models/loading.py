@@ -1,0 +1,88 @@
+"""Load a policy model and its tokenizer, the shipped tiny model or any Hugging Face model.
+
+Invariants: the tiny model and real models take the same path (`from_pretrained` on a
+directory or hub name), so what works on the tiny model works on a real one; tokenizers come
+back left-padded with a pad token (batched generation needs both); "auto" dtype means
+bfloat16 on GPUs and float32 on the CPU. transformers is imported inside functions so that
+the CLI stays light.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from grpo_stream.config import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    import torch
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+TINY_ASSET = "tiny-arith"
+"""Directory under grpo_stream/assets that holds the built tiny model."""
+
+
+def resolve_model(name_or_path: str) -> str:
+    """The path of the shipped model for DEFAULT_MODEL; anything else unchanged.
+
+    A name that is written as a filesystem path (absolute, ./, ../, ~) must exist: otherwise
+    transformers would take it for a hub id and fail with a confusing message.
+    """
+    if name_or_path == DEFAULT_MODEL:
+        return str(resources.files("grpo_stream").joinpath("assets", TINY_ASSET))
+    if (
+        name_or_path.startswith(("/", "./", "../", "~"))
+        and not Path(name_or_path).expanduser().exists()
+    ):
+        raise FileNotFoundError(f"model path not found: {name_or_path}")
+    return name_or_path
+
+
+def torch_dtype(dtype: Dtype, device: str) -> torch.dtype:
+    """The torch dtype for a setting: auto is bfloat16 on accelerators, float32 on the CPU."""
+    import torch
+
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def _dtype_keyword() -> str:
+    """`dtype` since transformers 4.56; `torch_dtype` before (which 5.x still accepts)."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The model's tokenizer, left-padded, with a pad token (eos or unk when it had none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
+
+
+def load_policy(
+    name_or_path: str,
+    dtype: Dtype = "auto",
+    device: str = "cpu",
+    trainable: bool = True,
+) -> Any:
+    """An AutoModelForCausalLM on `device`: in train mode, or frozen in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {_dtype_keyword(): torch_dtype(dtype, device)}
+    model: Any = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
+    model.to(device)
+    if trainable:
+        model.train()
+    else:
+        model.eval()
+        model.requires_grad_(False)
+    return model

@@ -1,0 +1,85 @@
+"""Reward functions for the sandbox tests: each misbehaves on the completion "boom".
+
+On any other completion each returns float(len(completion)), so a test can tell the failed
+completion from the ones that must keep their rewards. Workers import this module as
+`bad_rewards` (the tests put this directory on sys.path before starting the pool).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+TRIGGER = "boom"
+
+
+def length(completion: str, prompt: str = "", reference: dict[str, Any] | None = None) -> float:
+    """A well-behaved reward: the completion's length."""
+    return float(len(completion))
+
+
+def scaled_length(
+    completion: str,
+    prompt: str = "",
+    reference: dict[str, Any] | None = None,
+    scale: float = 1.0,
+) -> float:
+    """A well-behaved reward with a parameter."""
+    return scale * len(completion)
+
+
+def worker_pid(completion: str, prompt: str = "", reference: dict[str, Any] | None = None) -> float:
+    """The pid of the worker process that ran the call."""
+    return float(os.getpid())
+
+
+def raises(completion: str, **_: Any) -> float:
+    if completion == TRIGGER:
+        raise ValueError("no answer tag")
+    return float(len(completion))
+
+
+def raises_system_exit(completion: str, **_: Any) -> float:
+    if completion == TRIGGER:
+        sys.exit(2)
+    return float(len(completion))
+
+
+def sleeps_forever(completion: str, **_: Any) -> float:
+    while completion == TRIGGER:
+        time.sleep(3600)
+    return float(len(completion))
+
+
+def spins_forever(completion: str, **_: Any) -> float:
+    if completion == TRIGGER:
+        while True:
+            pass
+    return float(len(completion))
+
+
+def exits(completion: str, **_: Any) -> float:
+    if completion == TRIGGER:
+        os._exit(3)
+    return float(len(completion))
+
+
+def memory_bomb(completion: str, **_: Any) -> float:
+    hoard = []
+    while completion == TRIGGER:
+        hoard.append(bytearray(16 * 2**20))
+    return float(len(completion))
+
+
+def returns_nan(completion: str, **_: Any) -> float:
+    return float("nan") if completion == TRIGGER else float(len(completion))
+
+
+def returns_inf(completion: str, **_: Any) -> float:
+    return float("-inf") if completion == TRIGGER else float(len(completion))
+
+
+def returns_string(completion: str, **_: Any) -> Any:
+    return "1.0" if completion == TRIGGER else float(len(completion))
