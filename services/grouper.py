@@ -27,9 +27,11 @@ import structlog
 
 from grpo_stream.config import RunConfig
 from grpo_stream.hub.batches import assemble, build_batch
+from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.replay import Group, ReplayBuffer
+from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
 from grpo_stream.protocols import messages as m
 from grpo_stream.transport.sockets import Server, close_context, make_context
@@ -64,6 +66,10 @@ class Grouper:
         self.policy_version = 0
         self.recent_rewards: deque[float] = deque(maxlen=1024)
         self.window_rewards: list[float] = []  # rewards of groups filtered since the last batch
+        self.shares = ShareBook(cfg.hardware)
+        self.dispatcher = Dispatcher(
+            cfg, self.ledger, self.registry, self.shares, self.task, self._send
+        )
         self.ctx = make_context()
         self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
         self._stop = False
@@ -98,7 +104,13 @@ class Grouper:
         finally:
             self._broadcast(m.Shutdown(reason="hub stopping"))
             self._checkpoint()
-            log.info("hub.stopped", **self.ledger.summary(), rejected=dict(self.server.rejected))
+            log.info(
+                "hub.stopped",
+                **self.ledger.summary(),
+                rejected=dict(self.server.rejected),
+                dispatched_to=dict(self.dispatcher.dispatched),
+                tokens_per_s=dict(self.shares.measured),
+            )
             self.server.close()
             close_context(self.ctx)
         return 0
@@ -108,6 +120,7 @@ class Grouper:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        self.shares.maybe_refit(now)
         for peer in self.registry.expire(now):
             n = self.ledger.release_holder(peer.instance)
             log.warning(
@@ -138,6 +151,7 @@ class Grouper:
             self.server.send(identity, self._status())
             return
         if isinstance(msg, m.Heartbeat):  # beats come from a side socket: match by instance
+            self.shares.report(msg.instance, msg.stats.get("tokens_per_s"))
             if not self.registry.beat(msg.instance, time.monotonic(), dict(msg.stats)):
                 # a lost peer, or one from before a hub restart: tell it to say Hello again
                 self.server.send(
@@ -190,6 +204,8 @@ class Grouper:
             for other in self.registry.peers.values():
                 if other.instance != peer.instance:
                     self.server.send(other.identity, self._welcome())
+        if hello.service == "generator":
+            self.shares.join(hello.instance, dict(hello.fingerprint))
         log.info(
             "peer.joined",
             service=hello.service,
@@ -254,49 +270,8 @@ class Grouper:
 
     # ----- work out ---------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
-        for peer in self.registry.of("generator"):
-            if peer.credits <= 0:
-                continue
-            taken = self.ledger.take_for_generation(peer.instance, peer.credits, now)
-            if taken is None:
-                break
-            lease, min_version = taken
-            ids = sorted(lease.group_ids)
-            problems = [self.task.problem(i) for i in ids]
-            peer.credits -= len(ids)
-            g = self.cfg.generator
-            self.server.send(
-                peer.identity,
-                m.PromptBatch(
-                    lease_id=lease.lease_id,
-                    group_ids=np.array(ids, dtype=np.int64),
-                    prompts=[p.prompt for p in problems],
-                    references=[dict(p.reference) for p in problems],
-                    group_size=g.group_size,
-                    max_tokens=g.max_tokens,
-                    temperature=g.temperature,
-                    top_p=g.top_p,
-                    min_version=min_version,
-                ),
-            )
-        for peer in self.registry.of("scorer"):
-            while peer.credits > 0:
-                taken_s = self.ledger.take_for_scoring(peer.instance, now)
-                if taken_s is None:
-                    return
-                lease, gid = taken_s
-                ro = self.rollouts[gid]
-                peer.credits -= 1
-                self.server.send(
-                    peer.identity,
-                    m.ScoreRequest(
-                        lease_id=lease.lease_id,
-                        group_id=gid,
-                        prompt=ro.prompt,
-                        completions=list(ro.texts),
-                        reference=dict(ro.reference),
-                    ),
-                )
+        self.dispatcher.generators(now)
+        self.dispatcher.scorers(now, self.rollouts)
 
     def _serve_batches(self) -> None:
         """Answer batch requests once enough fresh groups are buffered. With W trainer ranks,
@@ -376,6 +351,9 @@ class Grouper:
             counters=counters,
             policy_version=self.policy_version,
         )
+
+    def _send(self, identity: bytes, msg: m.Message) -> bool:
+        return self.server.send(identity, msg)
 
     def _broadcast(self, msg: m.Message) -> None:
         for peer in self.registry.peers.values():

@@ -1,1 +1,17 @@
 """Shared test fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog() -> Iterator[None]:
+    """A command under test may configure structlog (level filters, outputs); later tests
+    must see the defaults, so `capture_logs` captures every level again."""
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()

@@ -10,10 +10,14 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from grpo_stream.cli.common import fail
+
+if TYPE_CHECKING:
+    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 SERVICES = ("grouper", "generator", "scorer", "trainer")
 
@@ -40,6 +44,12 @@ def run(
         False, "--log-json", help="JSON log lines on stderr (what `up` reads)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+    throttle: float = typer.Option(
+        1.0,
+        "--throttle",
+        min=1.0,
+        help="generator test hook: run this many times slower and report a slower device.",
+    ),
     client_name: str = typer.Option(
         "client", "--client-name", help="Which key pair in --keys-dir this service uses."
     ),
@@ -77,39 +87,50 @@ def run(
     )
     transport = TransportSettings()
     setup_logging(service, name, None, log_level, console_json=log_json)
-    _run_client(service, hub, name, transport, security, resume, log_level, log_json)
+    _run_client(service, hub, name, transport, security, resume, (log_level, log_json), throttle)
 
 
 def _run_client(
     service: str,
     hub: str,
     name: str,
-    transport: object,
-    security: object,
+    transport: TransportSettings,
+    security: SecuritySettings,
     resume: bool,
-    log_level: str,
-    log_json: bool,
+    log_setup: tuple[str, bool],
+    throttle: float,
 ) -> None:
     from grpo_stream.transport.sockets import HandshakeTimeout
 
+    fingerprint = _fingerprint(service, throttle)
     try:
         if service == "generator":
-            from grpo_stream.services.generator import run_generator as entry
+            from grpo_stream.services.generator import run_generator
+
+            code = run_generator(hub, name, transport, security, fingerprint, log_setup, throttle)
         elif service == "scorer":
-            from grpo_stream.services.scorer import run_scorer as entry
+            from grpo_stream.services.scorer import run_scorer
+
+            code = run_scorer(hub, name, transport, security, fingerprint, log_setup)
         else:
             from grpo_stream.services.trainer import run_trainer
 
-            raise typer.Exit(
-                run_trainer(
-                    hub,
-                    name,
-                    transport,
-                    security,
-                    resume=resume,  # type: ignore[arg-type]
-                    log_setup=(log_level, log_json),
-                )
-            )
-        raise typer.Exit(entry(hub, name, transport, security, log_setup=(log_level, log_json)))  # type: ignore[arg-type]
+            code = run_trainer(hub, name, transport, security, resume, fingerprint, log_setup)
     except HandshakeTimeout as exc:
         fail(str(exc))
+    raise typer.Exit(code)
+
+
+def _fingerprint(service: str, throttle: float) -> dict[str, object]:
+    """This host's devices for the hub's shares (measured for generators). A throttled test
+    generator reports a device `throttle` times slower, as a slower device would be."""
+    from grpo_stream.hardware.fingerprint import fingerprint_host
+
+    data = fingerprint_host(benchmark=service == "generator").to_dict()
+    if throttle > 1:
+        for device in data.get("devices", []):
+            for key in ("fp32_tflops", "tensor_tflops", "memory_bandwidth_gbps"):
+                if isinstance(device.get(key), (int, float)):
+                    device[key] = device[key] / throttle
+        data["throttle"] = throttle
+    return data

@@ -107,6 +107,14 @@ class Ledger:
             self.lease_of[gid] = lease.lease_id
         return lease
 
+    def held_by(self) -> Counter[str]:
+        """Groups being generated, per holder."""
+        held: Counter[str] = Counter()
+        for lease in self.leases.values():
+            if lease.kind == "generate":
+                held[lease.holder] += len(lease.group_ids)
+        return held
+
     # ----- results --------------------------------------------------------------------
     def accept_rollout(self, group_id: int) -> bool:
         """A group's completions arrived; False (counted) if it is not awaiting them."""

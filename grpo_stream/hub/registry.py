@@ -31,9 +31,16 @@ class Peer:
             "rank": self.rank,
             "credits": self.credits,
             "joined": self.joined,
-            "device": self.fingerprint.get("summary", ""),
+            "device": _device_name(self.fingerprint),
             **{k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
         }
+
+
+def _device_name(fingerprint: dict[str, Any]) -> str:
+    devices = fingerprint.get("devices")
+    if isinstance(devices, list) and devices and isinstance(devices[0], dict):
+        return str(devices[0].get("name", ""))
+    return ""
 
 
 class Registry:

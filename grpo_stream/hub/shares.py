@@ -1,0 +1,74 @@
+"""Generators' shares of the work, from their devices and what they actually deliver.
+
+Each generator's Hello carries its host fingerprint (NVML GPUs or the CPU); its heartbeats
+report tokens/s. The hardware score model (`grpo_stream.hardware.score`) turns fingerprints
+into predicted throughput, is refit from the reports, and `work_shares` turns throughputs
+into shares that sum to 1. The hub lets each generator hold about share x window prompts, so
+a device twice as fast gets about twice the prompts and every generator gets at least one.
+A malformed fingerprint counts as an unknown device; it never fails the hub.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import structlog
+
+from grpo_stream.hardware.device import HostFingerprint
+from grpo_stream.hardware.score import (
+    Features,
+    FitResult,
+    ScoreModel,
+    expected_throughput,
+    work_shares,
+)
+from grpo_stream.hardware.settings import HardwareSettings
+
+log = structlog.get_logger()
+
+
+def features_of(fingerprint: dict[str, Any]) -> Features:
+    """Score features of the first device of a Hello's fingerprint (unknown if malformed)."""
+    try:
+        host = HostFingerprint.from_dict(fingerprint)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return Features(None, None)
+    if not host.devices:
+        return Features(None, None)
+    return Features.of(host.devices[0])
+
+
+class ShareBook:
+    """Features and measured throughput per generator instance; shares; periodic refit."""
+
+    def __init__(self, settings: HardwareSettings, refit_every_s: float = 10.0) -> None:
+        self.model = ScoreModel(settings)
+        self.features: dict[str, Features] = {}
+        self.measured: dict[str, float] = {}
+        self.refit_every_s = refit_every_s
+        self._next_refit = 0.0
+        self.last_fit: FitResult | None = None
+
+    def join(self, instance: str, fingerprint: dict[str, Any]) -> None:
+        self.features[instance] = features_of(fingerprint)
+
+    def report(self, instance: str, tokens_per_s: object) -> None:
+        if instance not in self.features or not isinstance(tokens_per_s, (int, float)):
+            return
+        rate = float(tokens_per_s)
+        if math.isfinite(rate) and rate > 0:
+            self.measured[instance] = rate
+            self.model.observe(instance, self.features[instance], rate)
+
+    def shares(self, instances: list[str]) -> dict[str, float]:
+        feats = {i: self.features.get(i, Features(None, None)) for i in instances}
+        measured = {i: v for i, v in self.measured.items() if i in feats}
+        return work_shares(expected_throughput(self.model, feats, measured))
+
+    def maybe_refit(self, now: float) -> FitResult | None:
+        if now < self._next_refit:
+            return None
+        self._next_refit = now + self.refit_every_s
+        self.last_fit = self.model.refit()
+        return self.last_fit

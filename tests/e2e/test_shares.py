@@ -1,0 +1,66 @@
+"""Work shares follow measured speed: two real CPU generators, one throttled to a third of the
+other's speed; their dispatched prompts converge to their speed ratio, and the refit score
+model predicts each one's throughput."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_stream.launch.supervisor import ServiceSpec, Supervisor
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = [
+    "run.max_steps=40", "hub.groups_per_step=8", "generator.group_size=4",
+    "generator.prompts_per_request=4", "transport.heartbeat_interval_s=0.5",
+    "transport.heartbeat_timeout_s=5.0", "hardware.refit_min_samples=8",
+]
+
+
+def _argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "grpo_stream.cli.main", "run", *args, "--log-json"]
+
+
+def _hub_event(run_dir: Path, name: str) -> list[dict[str, object]]:
+    lines = (run_dir / "logs" / "grouper-grouper-0.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e.get("event") == name]
+
+
+def test_dispatch_follows_speed_and_refit_predicts_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    sets = [a for s in [*SETTINGS, f'run.run_dir="{run_dir}"'] for a in ("--set", s)]
+    sup = Supervisor()
+    try:
+        sup.start(ServiceSpec("grouper-0", "grouper", _argv("grouper", "--instance", "grouper-0", *sets)))
+        addr = run_dir / "hub.addr"
+        deadline = time.monotonic() + 60
+        while not (addr.exists() and addr.read_text().strip()):
+            assert time.monotonic() < deadline, "hub did not start"
+            time.sleep(0.1)
+        hub = addr.read_text().strip()
+        for name, extra in [("trainer-0", []), ("scorer-0", []), ("generator-fast", []),
+                            ("generator-slow", ["--throttle", "3"])]:
+            service = name.split("-")[0]
+            sup.start(ServiceSpec(name, service, _argv(service, "--instance", name, "--hub", hub, *extra)))
+        trainer = sup.procs["trainer-0"].popen
+        assert trainer.wait(timeout=400) == 0
+    finally:
+        sup.stop_all()
+    stopped = _hub_event(run_dir, "hub.stopped")[-1]
+    dispatched = stopped["dispatched_to"]
+    rates = stopped["tokens_per_s"]
+    assert isinstance(dispatched, dict) and isinstance(rates, dict)
+    speed_ratio = rates["generator-fast"] / rates["generator-slow"]
+    share_ratio = dispatched["generator-fast"] / dispatched["generator-slow"]
+    assert speed_ratio > 1.5  # the throttle really slowed one down
+    assert abs(share_ratio - speed_ratio) / speed_ratio <= 0.15, (share_ratio, speed_ratio)
+    fits = [e for e in _hub_event(run_dir, "hpm.refit") if e["used"]]
+    assert fits, "the score model was never refit"
+    errors = fits[-1]["rel_error"]
+    assert isinstance(errors, dict)
+    assert max(errors.values()) <= 0.20, errors
