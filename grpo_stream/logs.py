@@ -152,4 +152,5 @@ def format_event(event: dict[str, Any]) -> str:
     skip = {"event", "level", "ts", "t", "service", "instance"}
     fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip)
     who = f"{event.get('service', '?')}-{event.get('instance', '?')}"
-    return f"{event.get('ts', '')[11:23]} {event.get('level', 'info'):7s} {who:14s} {event.get('event', '')} {fields}"
+    when = str(event.get("ts", ""))[11:23]
+    return f"{when} {event.get('level', 'info'):7s} {who:14s} {event.get('event', '')} {fields}"

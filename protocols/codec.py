@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgpack
 import numpy as np
+
 from grpo_stream.protocols.messages import MESSAGES, Array, FieldSpec, Message, schema
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import encode, wire_dtypes
 

@@ -41,11 +41,15 @@ class Generator:
         self.watched: str | None = None
         self.reload = False  # the trainer restarted: take its newest version whatever its number
         self.announced = 0
-        self._next_fetch = 0.0
+        self._waiting_since: float | None = None
+        self._version_joins = 0
         self.tokens_per_s = 0.0
         self.wait_s = 0.0
         self.batches = 0
         self.throttle = throttle
+        self.prompts_total = 0
+        self.tokens_total = 0
+        self.busy_s = 0.0
         self._joins = link.joins
 
     def serve(self) -> None:
@@ -97,21 +101,28 @@ class Generator:
                 self.announced = max(self.announced, seen)
 
     def _ensure_version(self, min_version: int) -> bool:
-        """Catch up with the newest version when behind what was announced or what the
-        batch needs. A late joiner has seen no announcement: it asks the weight server for its
-        newest complete version, and retries shortly if that is not yet `min_version`."""
-        self.announced = max(self.announced, self.link.policy_version)
-        want = max(self.announced, min_version)
-        now = time.monotonic()
-        behind = self.engine.version < want or self.reload
-        if behind and "weights" in self.link.peers and now >= self._next_fetch:
+        """Apply the trainer's newest version when one was announced (or, on joining, when
+        the hub says the trainer is ahead of us), then check the batch's `min_version`.
+        If that version does not come within the heartbeat deadline (the trainer rolled a
+        step back, say), generate anyway: the hub drops what is too stale, counted."""
+        if self.link.joins != self._version_joins:  # just (re)joined: the hub knows the version
+            self._version_joins = self.link.joins
+            self.announced = max(self.announced, self.link.policy_version)
+        if (self.announced > self.engine.version or self.reload) and "weights" in self.link.peers:
             self.reload = False
             t0 = time.perf_counter()
             version = self.engine.update_from_server(self.link.peers["weights"], -1)
-            self.announced = max(self.announced, version)
-            self._next_fetch = now + (0.1 if version < want else 0.0)
+            self.announced = version  # the server's newest is the truth
             log.info("weights.applied", version=version, seconds=round(time.perf_counter() - t0, 4))
+        now = time.monotonic()
         if self.engine.version >= min_version:
+            self._waiting_since = None
+            return True
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if now - self._waiting_since > self.cfg.transport.heartbeat_timeout_s:
+            log.warning("weights.wait_expired", need=min_version, have=self.engine.version)
+            self._waiting_since = None
             return True
         self._receive(timeout_ms=20)  # let the trainer publish
         return False
@@ -137,14 +148,19 @@ class Generator:
             tokens += self._send_rollout(
                 batch.lease_id, int(gid), prompt, dict(ref), sample, seconds
             )
-        rate = tokens / max(seconds, 1e-9)
-        self.tokens_per_s = rate if self.batches == 0 else 0.7 * self.tokens_per_s + 0.3 * rate
         self.batches += 1
+        self.prompts_total += len(samples)
+        self.tokens_total += tokens
+        self.busy_s += seconds
+        # throughput while generating (idle time excluded): what this device can deliver
+        self.tokens_per_s = self.tokens_total / max(self.busy_s, 1e-9)
         self.link.stats.update(
             tokens_per_s=round(self.tokens_per_s, 2),
             wait_s=round(self.wait_s, 3),
             version=self.engine.version,
             batches=self.batches,
+            prompts_total=self.prompts_total,
+            busy_s=round(self.busy_s, 3),
         )
         log.debug("batch.generated", prompts=len(samples), tokens=tokens, seconds=round(seconds, 3))
 

@@ -18,6 +18,7 @@ import signal
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -110,6 +111,7 @@ class Grouper:
                 rejected=dict(self.server.rejected),
                 dispatched_to=dict(self.dispatcher.dispatched),
                 tokens_per_s=dict(self.shares.measured),
+                generators={p.instance: p.stats for p in self.registry.of("generator")},
             )
             self.server.close()
             close_context(self.ctx)
@@ -151,8 +153,13 @@ class Grouper:
             self.server.send(identity, self._status())
             return
         if isinstance(msg, m.Heartbeat):  # beats come from a side socket: match by instance
+            known = self.registry.peers.get(msg.instance)
+            if known is not None and identity not in (known.identity, _beat_identity(known)):
+                self.server.rejected["beat_spoofed"] += 1  # not that peer's sockets
+                return
             self.shares.report(msg.instance, msg.stats.get("tokens_per_s"))
             if not self.registry.beat(msg.instance, time.monotonic(), dict(msg.stats)):
+                self.server.rejected["unregistered"] += 1
                 # a lost peer, or one from before a hub restart: tell it to say Hello again
                 self.server.send(
                     identity,
@@ -168,13 +175,14 @@ class Grouper:
             )
             return
         peer.last_seen = time.monotonic()
-        handler = {
+        handlers: dict[type[m.Message], Callable[[Peer, Any], None]] = {
             m.WorkRequest: self._on_work_request,
             m.Rollout: self._on_rollout,
             m.Scored: self._on_scored,
             m.BatchRequest: self._on_batch_request,
             m.Shutdown: self._on_shutdown,
-        }.get(type(msg))
+        }
+        handler = handlers.get(type(msg))
         if handler is None:
             self.server.rejected["unexpected_kind"] += 1
             self.server.send(
@@ -264,6 +272,20 @@ class Grouper:
                     self.ledger.finish(evicted.group_id, "stale")
 
     def _on_batch_request(self, peer: Peer, msg: m.BatchRequest) -> None:
+        if (
+            peer.service != "trainer"
+            or not 0 <= msg.rank < msg.world_size <= self.cfg.trainer.ranks
+        ):
+            self.server.rejected["bad_batch_request"] += 1
+            self.server.send(
+                peer.identity,
+                m.Error(
+                    code="bad_batch_request",
+                    in_reply_to=msg.KIND,
+                    message=f"only the trainer's {self.cfg.trainer.ranks} rank(s) ask for batches",
+                ),
+            )
+            return
         self.policy_version = msg.trainer_version  # follows a restarted trainer back, too
         self.ledger.next_version = msg.trainer_version
         self.pending_batches.append((peer.identity, msg))
@@ -385,6 +407,11 @@ class Grouper:
         self.policy_version = int(state["policy_version"])
         self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
         log.info("hub.resumed", **self.ledger.summary(), buffer=len(self.buffer))
+
+
+def _beat_identity(peer: Peer) -> bytes:
+    """Identity of the heartbeat socket of a registered peer (see grpo_stream.runtime)."""
+    return f"{peer.instance}.hb.{peer.pid}".encode()
 
 
 def run_grouper(cfg: RunConfig, resume: bool = False) -> int:

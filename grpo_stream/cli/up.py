@@ -26,13 +26,25 @@ def up(
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Show every event, not only the important ones."
     ),
+    cluster: Path = typer.Option(
+        None, "--cluster", help="Cluster TOML: which host runs which service, and how."
+    ),
 ) -> None:
     """Run the whole pipeline (default: the tiny model on arith, on this machine)."""
     from grpo_stream.config import ConfigError, load_config
+    from grpo_stream.hardware.cluster import ClusterError
+    from grpo_stream.launch import cluster as launch
     from grpo_stream.launch.console import RunConsole
     from grpo_stream.launch.up import LaunchError, Up
 
-    extra = list(overrides)
+    hosts = None
+    if cluster is not None:
+        try:
+            hosts = launch.read_launch_file(cluster)
+        except ClusterError as exc:
+            fail(str(exc))
+    # the cluster's binds first: an explicit --set still wins
+    extra = (launch.config_overrides(hosts) if hosts else []) + list(overrides)
     if run_dir is not None:
         extra.append(f"run.run_dir={json.dumps(str(run_dir))}")
     if max_steps is not None:
@@ -51,7 +63,11 @@ def up(
     resolved.write_text(cfg.to_toml())
     console = RunConsole(level="debug" if verbose else "info", quiet=not verbose)
     try:
-        result = Up(cfg, resolved, resume, console).run()
+        if hosts is None:
+            result = Up(cfg, resolved, resume, console).run()
+        else:
+            up_run = Up(cfg, resolved, resume, console, place_hub=launch.hub_placer(hosts))
+            result = up_run.run(lambda hub: launch.cluster_specs(hosts, cfg, hub, resume))
     except LaunchError as exc:
         fail(str(exc), code=1)
     if not result.completed:

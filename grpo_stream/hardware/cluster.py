@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from grpo_stream.hardware.device import DeviceFingerprint
@@ -47,16 +47,28 @@ def parse_params(value: Any) -> int:
     return round(float(match.group(1)) * _SUFFIX[match.group(2).upper()])
 
 
+LAUNCH_HOST_KEYS = frozenset({"bind", "launcher", "ssh", "prefix", "python", "env", "services"})
+"""Keys of a host entry that say how `up --cluster` starts services there (not the plan's)."""
+LAUNCH_TOP_KEYS = frozenset({"hub_port"})
+
+
 class HostEntry(BaseModel):
     """One host of the cluster."""
 
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_launch_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k not in LAUNCH_HOST_KEYS}
+        return data
+
     name: str = Field(min_length=1)
     """Unique host name; device ids are NAME:INDEX."""
     address: str = Field(min_length=1)
     """Where services on this host are reached (hostname or IP)."""
-    devices: list[str] = Field(min_length=1)
+    devices: list[str] = Field(default_factory=lambda: ["auto"], min_length=1)
     """Recorded fingerprint names, or "auto" for every device of the machine running plan."""
     latency_ms: float = Field(default=0.0, ge=0)
     """Hub round trip from this host in milliseconds."""
@@ -66,6 +78,13 @@ class ClusterFile(BaseModel):
     """A cluster file (TOML)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_launch_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k not in LAUNCH_TOP_KEYS}
+        return data
 
     model_params: int = Field(ge=1)
     """Parameters of the model to train (int or "7B")."""

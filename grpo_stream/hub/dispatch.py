@@ -1,9 +1,10 @@
 """Handing work to the services that asked for it (credits), within the staleness gate and
-each generator's share of the window.
+each generator's share of the work.
 
-Invariants: nothing goes to a peer without credits; a generator holds at most about
-share x window prompts (at least one), where window = groups_per_step x (max_staleness + 1)
-is all the gate lets out; the generator furthest below its share is served first.
+Invariants: nothing goes to a peer without credits; what the gate lets out goes first to the
+generators furthest below their share of everything dispatched so far (deficit round robin),
+so over a run each generator's part converges to its share; what is left goes to anyone with
+credits, so no generator idles while prompts are available.
 """
 
 from __future__ import annotations
@@ -22,6 +23,27 @@ from grpo_stream.protocols import messages as m
 from grpo_stream.tasks import Task
 
 Send = Callable[[bytes, m.Message], object]
+
+
+def allocate(
+    gens: list[Peer], shares: dict[str, float], dispatched: Counter[str], available: int
+) -> dict[str, int]:
+    """How many prompts each generator (by instance) with credits gets out of `available`."""
+    total = sum(dispatched[p.instance] for p in gens) + available
+    need = {p.instance: shares.get(p.instance, 0.0) * total - dispatched[p.instance] for p in gens}
+    out: dict[str, int] = {}
+    left = available
+    for peer in sorted(gens, key=lambda p: -need[p.instance]):
+        give = min(peer.credits, max(0, math.ceil(need[peer.instance])), left)
+        if give > 0:
+            out[peer.instance] = give
+            left -= give
+    for peer in gens:  # capacity left: nobody waits while prompts are available
+        give = min(peer.credits - out.get(peer.instance, 0), left)
+        if give > 0:
+            out[peer.instance] = out.get(peer.instance, 0) + give
+            left -= give
+    return out
 
 
 class Dispatcher:
@@ -45,21 +67,15 @@ class Dispatcher:
         self.dispatched: Counter[str] = Counter()  # prompts handed to each generator
 
     def generators(self, now: float) -> None:
-        gens = self.registry.of("generator")
+        gens = [p for p in self.registry.of("generator") if p.credits > 0]
         if not gens:
             return
-        hub = self.cfg.hub
-        window = hub.groups_per_step * (hub.max_staleness + 1)
-        shares = self.shares.shares([p.instance for p in gens])
-        held = self.ledger.held_by()
-        # furthest below its share first
-        gens.sort(key=lambda p: held[p.instance] - shares[p.instance] * window)
-        for peer in gens:
-            allowed = max(1, math.ceil(shares[peer.instance] * window)) - held[peer.instance]
-            want = min(peer.credits, allowed)
-            if want <= 0:
-                continue
-            taken = self.ledger.take_for_generation(peer.instance, want, now)
+        available = len(self.ledger.retry) + self.ledger.capacity()
+        shares = self.shares.shares([p.instance for p in self.registry.of("generator")])
+        by_name = {p.instance: p for p in gens}
+        for name, count in allocate(gens, shares, self.dispatched, available).items():
+            peer = by_name[name]
+            taken = self.ledger.take_for_generation(peer.instance, count, now)
             if taken is None:
                 return
             lease, min_version = taken

@@ -120,7 +120,8 @@ class ReplayBuffer:
 
     def evict_stale(self, trainer_version: int, max_staleness: int) -> list[Group]:
         """Remove and return every group too old to train at `trainer_version`."""
-        keep, stale = [], []
+        keep: list[Group] = []
+        stale: list[Group] = []
         for g in self._groups:
             (stale if trainer_version - g.policy_version > max_staleness else keep).append(g)
         self._groups = keep

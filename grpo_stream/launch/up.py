@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -100,7 +101,12 @@ class Up:
     """One `grpo-stream up` invocation."""
 
     def __init__(
-        self, cfg: RunConfig, config_path: Path, resume: bool, console: RunConsole
+        self,
+        cfg: RunConfig,
+        config_path: Path,
+        resume: bool,
+        console: RunConsole,
+        place_hub: Callable[[ServiceSpec], ServiceSpec] | None = None,
     ) -> None:
         self.cfg = cfg
         self.config_path = config_path
@@ -111,6 +117,7 @@ class Up:
         self.steps = 0
         self.trainer_done = False
         self._interrupted = False
+        self.place_hub = place_hub  # cluster runs: start the hub through its host's launcher
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._interrupted = True
@@ -125,6 +132,8 @@ class Up:
             service_argv("grouper", "grouper-0", None, extra),
             restarts_left=self.cfg.run.restarts,
         )
+        if self.place_hub is not None:
+            hub_spec = self.place_hub(hub_spec)
         self.sup.start(hub_spec)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -206,7 +206,7 @@ class TrainState:
             )
             with sync:
                 loss, m = self._micro_loss(part, totals, first=lo == 0)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
             total = total + loss.detach()
             weight = float(m.get("num_tokens", 0.0))
             for k, v in m.items():

@@ -14,15 +14,34 @@ from typing import Any
 import pytest
 
 FAST = [
-    "--set", "hub.groups_per_step=4", "--set", "generator.group_size=4",
-    "--set", "generator.prompts_per_request=4", "--set", "transport.heartbeat_interval_s=0.5",
-    "--set", "transport.heartbeat_timeout_s=3.0", "--set", "hub.checkpoint_every_s=1.0",
+    "--set",
+    "hub.groups_per_step=4",
+    "--set",
+    "generator.group_size=4",
+    "--set",
+    "generator.prompts_per_request=4",
+    "--set",
+    "transport.heartbeat_interval_s=0.5",
+    "--set",
+    "transport.heartbeat_timeout_s=3.0",
+    "--set",
+    "hub.checkpoint_every_s=1.0",
 ]
 
 
 def up_command(run_dir: Path, steps: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "grpo_stream.cli.main", "up", "--run-dir", str(run_dir),
-            "--max-steps", str(steps), *FAST, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "grpo_stream.cli.main",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--max-steps",
+        str(steps),
+        *FAST,
+        *extra,
+    ]
 
 
 class Run:
@@ -31,8 +50,12 @@ class Run:
     def __init__(self, run_dir: Path, steps: int, *extra: str) -> None:
         self.run_dir = run_dir
         self.log = (run_dir.parent / f"{run_dir.name}.up.log").open("w")
-        self.proc = subprocess.Popen(up_command(run_dir, steps, *extra), stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            up_command(run_dir, steps, *extra),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_steps(self, n: int, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -40,7 +63,9 @@ class Run:
             if len(metrics(self.run_dir)) >= n:
                 return
             if self.proc.poll() is not None:
-                raise AssertionError(f"up exited early ({self.proc.returncode}): {self.output()[-2000:]}")
+                raise AssertionError(
+                    f"up exited early ({self.proc.returncode}): {self.output()[-2000:]}"
+                )
             time.sleep(0.2)
         raise AssertionError(f"no {n} steps in {timeout}s: {self.output()[-2000:]}")
 
@@ -66,8 +91,21 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def status(run_dir: Path) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "grpo_stream.cli.main", "status", "--run-dir", str(run_dir),
-                          "--json"], capture_output=True, text=True, timeout=30, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpo_stream.cli.main",
+            "status",
+            "--run-dir",
+            str(run_dir),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 

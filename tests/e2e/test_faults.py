@@ -16,19 +16,25 @@ pytestmark = pytest.mark.slow
 STEPS = 30
 
 
-def test_generator_killed_is_redispatched_and_restarted(tmp_path: Path, background_run: list[Run]) -> None:
+def test_generator_killed_is_redispatched_and_restarted(
+    tmp_path: Path, background_run: list[Run]
+) -> None:
     run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
     background_run.append(run)
     run.wait_steps(2)
     os.kill(pid_of(run.run_dir, "generator-0"), signal.SIGKILL)
     assert run.finish() == 0, run.output()[-3000:]
     counters = assert_accounting(run.run_dir, STEPS)
-    assert counters["requeued_generate"] + counters["redispatched"] > 0 or hub_events(run.run_dir, "peer.lost")
+    assert counters["requeued_generate"] + counters["redispatched"] > 0 or hub_events(
+        run.run_dir, "peer.lost"
+    )
     joins = [e for e in hub_events(run.run_dir, "peer.joined") if e["instance"] == "generator-0"]
     assert len(joins) >= 2  # the restarted generator joined again and got work
 
 
-def test_scorer_killed_is_redispatched_and_restarted(tmp_path: Path, background_run: list[Run]) -> None:
+def test_scorer_killed_is_redispatched_and_restarted(
+    tmp_path: Path, background_run: list[Run]
+) -> None:
     run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
     background_run.append(run)
     run.wait_steps(2)
@@ -39,7 +45,9 @@ def test_scorer_killed_is_redispatched_and_restarted(tmp_path: Path, background_
 
 
 def test_trainer_killed_resumes_from_checkpoint(tmp_path: Path, background_run: list[Run]) -> None:
-    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2", "--set", "trainer.checkpoint_every=2")
+    run = Run(
+        tmp_path / "run", STEPS, "--set", "run.restarts=2", "--set", "trainer.checkpoint_every=2"
+    )
     background_run.append(run)
     run.wait_steps(4)
     os.kill(pid_of(run.run_dir, "trainer-0"), signal.SIGKILL)
@@ -61,7 +69,9 @@ def test_hub_killed_restarts_from_its_checkpoint(tmp_path: Path, background_run:
     assert metrics(run.run_dir)[-1]["policy_version"] == STEPS
 
 
-def test_stopped_generator_is_declared_lost_and_recovers(tmp_path: Path, background_run: list[Run]) -> None:
+def test_stopped_generator_is_declared_lost_and_recovers(
+    tmp_path: Path, background_run: list[Run]
+) -> None:
     run = Run(tmp_path / "run", STEPS, "--set", "generator.count=2")
     background_run.append(run)
     run.wait_steps(2)

@@ -16,9 +16,13 @@ from grpo_stream.launch.supervisor import ServiceSpec, Supervisor
 pytestmark = pytest.mark.slow
 
 SETTINGS = [
-    "run.max_steps=40", "hub.groups_per_step=8", "generator.group_size=4",
-    "generator.prompts_per_request=4", "transport.heartbeat_interval_s=0.5",
-    "transport.heartbeat_timeout_s=5.0", "hardware.refit_min_samples=8",
+    "run.max_steps=40",
+    "hub.groups_per_step=8",
+    "generator.group_size=4",
+    "generator.prompts_per_request=4",
+    "transport.heartbeat_interval_s=0.5",
+    "transport.heartbeat_timeout_s=5.0",
+    "hardware.refit_min_samples=8",
 ]
 
 
@@ -36,17 +40,25 @@ def test_dispatch_follows_speed_and_refit_predicts_it(tmp_path: Path) -> None:
     sets = [a for s in [*SETTINGS, f'run.run_dir="{run_dir}"'] for a in ("--set", s)]
     sup = Supervisor()
     try:
-        sup.start(ServiceSpec("grouper-0", "grouper", _argv("grouper", "--instance", "grouper-0", *sets)))
+        sup.start(
+            ServiceSpec("grouper-0", "grouper", _argv("grouper", "--instance", "grouper-0", *sets))
+        )
         addr = run_dir / "hub.addr"
         deadline = time.monotonic() + 60
         while not (addr.exists() and addr.read_text().strip()):
             assert time.monotonic() < deadline, "hub did not start"
             time.sleep(0.1)
         hub = addr.read_text().strip()
-        for name, extra in [("trainer-0", []), ("scorer-0", []), ("generator-fast", []),
-                            ("generator-slow", ["--throttle", "3"])]:
+        for name, extra in [
+            ("trainer-0", []),
+            ("scorer-0", []),
+            ("generator-fast", []),
+            ("generator-slow", ["--throttle", "3"]),
+        ]:
             service = name.split("-")[0]
-            sup.start(ServiceSpec(name, service, _argv(service, "--instance", name, "--hub", hub, *extra)))
+            sup.start(
+                ServiceSpec(name, service, _argv(service, "--instance", name, "--hub", hub, *extra))
+            )
         trainer = sup.procs["trainer-0"].popen
         assert trainer.wait(timeout=400) == 0
     finally:

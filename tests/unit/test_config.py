@@ -17,7 +17,9 @@ def test_defaults_are_the_embedded_tiny_run() -> None:
 
 
 def test_overrides_are_parsed_as_toml_values() -> None:
-    cfg = load_config(None, ["trainer.lr=1e-3", "hub.max_staleness=0", "algo.loss.aggregation=dapo"])
+    cfg = load_config(
+        None, ["trainer.lr=1e-3", "hub.max_staleness=0", "algo.loss.aggregation=dapo"]
+    )
     assert cfg.trainer.lr == 1e-3 and cfg.hub.max_staleness == 0
     assert cfg.algo.loss.aggregation == "dapo"
 
@@ -35,7 +37,7 @@ def test_file_then_overrides(tmp_path: Path) -> None:
         ("generator.group_size=0", "generator.group_size"),
         ("trainer.lr=-1", "trainer.lr"),
         ("hub.nope=1", "hub.nope"),
-        ("generator.engine=\"tgi\"", "generator.engine"),
+        ('generator.engine="tgi"', "generator.engine"),
     ],
 )
 def test_invalid_value_names_the_field(override: str, field: str) -> None:
@@ -59,7 +61,7 @@ def test_missing_file_and_bad_toml_are_clear(tmp_path: Path) -> None:
 
 
 def test_override_without_equals_is_refused() -> None:
-    with pytest.raises(ConfigError, match="section.key=value"):
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
         load_config(None, ["trainer.lr"])
 
 

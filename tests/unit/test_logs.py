@@ -26,11 +26,17 @@ def _write(path: Path, events: list[dict[str, object]]) -> None:
 
 def test_merge_orders_by_time_and_filters(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
-    _write(tmp_path / "logs" / "a.jsonl", [
-        {"t": 1.0, "event": "a1", "service": "hub", "level": "info"},
-        {"t": 3.0, "event": "a3", "service": "hub", "level": "error"},
-    ])
-    _write(tmp_path / "logs" / "b.jsonl", [{"t": 2.0, "event": "b2", "service": "trainer", "level": "info"}])
+    _write(
+        tmp_path / "logs" / "a.jsonl",
+        [
+            {"t": 1.0, "event": "a1", "service": "hub", "level": "info"},
+            {"t": 3.0, "event": "a3", "service": "hub", "level": "error"},
+        ],
+    )
+    _write(
+        tmp_path / "logs" / "b.jsonl",
+        [{"t": 2.0, "event": "b2", "service": "trainer", "level": "info"}],
+    )
     assert [e["event"] for e in merge_logs(tmp_path)] == ["a1", "b2", "a3"]
     assert [e["event"] for e in merge_logs(tmp_path, service="trainer")] == ["b2"]
     assert [e["event"] for e in merge_logs(tmp_path, level="error")] == ["a3"]

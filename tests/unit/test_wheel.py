@@ -16,8 +16,19 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(dist),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = dist.glob("grpo_stream-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -31,16 +42,39 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     py = env_dir / "bin" / "python"
     # the dependencies come from this environment (no downloads); the project from the wheel only
     site = Path(sysconfig.get_paths()["purelib"])
-    (Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  text=True).strip()) / "deps.pth").write_text(str(site) + "\n")
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    (
+        Path(
+            subprocess.check_output(
+                [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+            ).strip()
+        )
+        / "deps.pth"
+    ).write_text(str(site) + "\n")
+    subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     out = subprocess.run(
-        [py, "-c", "import grpo_stream.services.grouper, grpo_stream.protocols.codec as c, grpo_stream; "
-                   "print(grpo_stream.__file__, c.PROTO_VERSION)"],
-        check=True, capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [
+            py,
+            "-c",
+            "import grpo_stream.services.grouper, grpo_stream.protocols.codec as c, grpo_stream; "
+            "print(grpo_stream.__file__, c.PROTO_VERSION)",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert str(env_dir) in out.stdout
-    cli = subprocess.run([env_dir / "bin" / "grpo-stream", "--help"], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=60)
+    cli = subprocess.run(
+        [env_dir / "bin" / "grpo-stream", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert cli.returncode == 0 and "up" in cli.stdout

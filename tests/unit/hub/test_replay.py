@@ -9,10 +9,14 @@ from grpo_stream.hub.replay import Group, ReplayBuffer
 
 def group(gid: int, version: int = 0, adv: float = 1.0) -> Group:
     return Group(
-        group_id=gid, policy_version=version,
-        prompt_ids=np.array([1, 2], np.int32), completion_ids=np.array([3, 4, 5], np.int32),
-        completion_offsets=np.array([0, 1, 3], np.int64), logprobs=np.array([-1.0, -0.5, -0.2], np.float32),
-        rewards=np.array([1.0, 0.0], np.float32), advantages=np.array([adv, -adv], np.float32),
+        group_id=gid,
+        policy_version=version,
+        prompt_ids=np.array([1, 2], np.int32),
+        completion_ids=np.array([3, 4, 5], np.int32),
+        completion_offsets=np.array([0, 1, 3], np.int64),
+        logprobs=np.array([-1.0, -0.5, -0.2], np.float32),
+        rewards=np.array([1.0, 0.0], np.float32),
+        advantages=np.array([adv, -adv], np.float32),
         valid=np.array([True, True]),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from grpo_stream.protocols import MESSAGES, Message, decode, encode
 from grpo_stream.protocols.make_golden import GOLDEN_DIR, examples, read_frames
 from grpo_stream.protocols.messages import schema

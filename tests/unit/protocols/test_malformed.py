@@ -8,6 +8,9 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from grpo_stream.protocols import (
     DEFAULT_LIMITS,
     Heartbeat,
@@ -23,8 +26,6 @@ from grpo_stream.protocols import (
 )
 from grpo_stream.protocols.make_golden import examples
 from grpo_stream.protocols.messages import schema
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def _scored() -> Scored:

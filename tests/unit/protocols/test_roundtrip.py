@@ -7,6 +7,10 @@ from typing import Any, cast
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
 from grpo_stream.protocols import (
     MESSAGES,
     Heartbeat,
@@ -18,9 +22,6 @@ from grpo_stream.protocols import (
 )
 from grpo_stream.protocols.codec import wire_dtypes
 from grpo_stream.protocols.messages import FieldSpec, schema
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 torch.set_num_threads(1)
 

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+
 from grpo_stream.protocols import Array, WeightsChunk, decode, encode, from_torch, to_torch
 from grpo_stream.protocols.codec import wire_dtypes
 

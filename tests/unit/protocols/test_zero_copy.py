@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import zmq
+
 from grpo_stream.protocols import TrainBatch, decode, encode
 
 

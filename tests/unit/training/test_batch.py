@@ -13,7 +13,8 @@ from grpo_stream.training.batch import to_tensors
 
 def _group() -> Group:
     return Group(
-        group_id=3, policy_version=1,
+        group_id=3,
+        policy_version=1,
         prompt_ids=np.array([7, 8], np.int32),
         completion_ids=np.array([1, 2, 3, 4, 5, 6], np.int32),
         completion_offsets=np.array([0, 3, 3, 6], np.int64),  # second completion is empty

@@ -19,12 +19,16 @@ from grpo_stream.training.checkpoint import (
 
 
 def _model() -> GPT2LMHeadModel:
-    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16))
+    return GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16)
+    )
 
 
 def test_save_then_load_round_trips_state_and_rng(tmp_path: Path) -> None:
     model = _model()
-    path = save_checkpoint(tmp_path, 3, model, None, {"step": 3, "opt": {"x": torch.ones(2)}}, keep=2)
+    path = save_checkpoint(
+        tmp_path, 3, model, None, {"step": 3, "opt": {"x": torch.ones(2)}}, keep=2
+    )
     assert (path / MARKER).exists() and latest_checkpoint(tmp_path) == path
     expected = random.random()
     state = load_trainer_state(path)

@@ -21,9 +21,11 @@ WRITER = textwrap.dedent(
     from grpo_stream.training.checkpoint import save_checkpoint
 
     run = Path(sys.argv[1])
-    small = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16))
+    small = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32,
+                                       n_positions=16))
     save_checkpoint(run, 1, small, None, {"step": 1}, keep=5)
-    big = GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=8, n_embd=768, vocab_size=32, n_positions=64))
+    big = GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=8, n_embd=768, vocab_size=32,
+                                     n_positions=64))
     print("saving", flush=True)
     for step in range(2, 100):
         save_checkpoint(run, step, big, None, {"step": step}, keep=100)
@@ -32,7 +34,9 @@ WRITER = textwrap.dedent(
 
 
 def test_kill_during_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "saving"
     time.sleep(1.0)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import zmq.auth
-from grpo_stream.protocols.messages import StatusRequest
 
+from grpo_stream.protocols.messages import StatusRequest
 from grpo_stream.transport.curve import add_client, init_keys
 from grpo_stream.transport.errors import KeysError
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+from structlog.testing import capture_logs
+
 from grpo_stream.protocols.messages import (
     Error,
     Hello,
@@ -22,8 +24,6 @@ from grpo_stream.protocols.messages import (
     Welcome,
     WorkRequest,
 )
-from structlog.testing import capture_logs
-
 from grpo_stream.transport.errors import HandshakeRefused, HandshakeTimeout, SendTimeout
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import (

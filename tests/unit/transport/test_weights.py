@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 import zmq
+
 from grpo_stream.protocols.codec import decode, encode, to_torch
 from grpo_stream.protocols.messages import WeightsChunk, WeightsRequest
-
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Context, Server

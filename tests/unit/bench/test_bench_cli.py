@@ -1,0 +1,132 @@
+"""Smoke tests of the benchmarks: they import, parse their options, and ask for valid settings."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from grpo_stream.config import load_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """Import `bench.<name>` the way `python -m bench.<name>` does (repo root on sys.path)."""
+    monkeypatch.syspath_prepend(str(REPO))
+
+    def load(name: str) -> ModuleType:
+        return importlib.import_module(f"bench.{name}")
+
+    return load
+
+
+def test_vs_trl_defaults_match_the_brief(bench: Callable[[str], ModuleType]) -> None:
+    args = bench("vs_trl").build_parser().parse_args([])
+    assert (args.prompts_per_step, args.group_size, args.max_tokens, args.size) == (
+        16,
+        8,
+        8,
+        "tiny",
+    )
+
+
+def test_vs_trl_parses_size_10x_and_steps(bench: Callable[[str], ModuleType]) -> None:
+    args = bench("vs_trl").build_parser().parse_args(["--size", "10x", "--steps", "5"])
+    assert (args.size, args.steps) == ("10x", 5)
+
+
+def test_vs_trl_rejects_an_unknown_size(bench: Callable[[str], ModuleType]) -> None:
+    with pytest.raises(SystemExit):
+        bench("vs_trl").build_parser().parse_args(["--size", "huge"])
+
+
+def test_vs_trl_rejects_one_step(bench: Callable[[str], ModuleType]) -> None:
+    mod = bench("vs_trl")
+    with pytest.raises(SystemExit):
+        mod.check_args(mod.build_parser().parse_args(["--steps", "1"]))
+
+
+def test_vs_trl_overrides_are_valid_run_settings(bench: Callable[[str], ModuleType]) -> None:
+    mod = bench("vs_trl")
+    args = mod.build_parser().parse_args(["--prompts-per-step", "4", "--group-size", "3"])
+    cfg = load_config(None, mod.ours_overrides(args, "some/model"))
+    assert (cfg.hub.groups_per_step, cfg.generator.group_size, cfg.model.name_or_path) == (
+        4,
+        3,
+        "some/model",
+    )
+
+
+def test_pipeline_trains_every_group(bench: Callable[[str], ModuleType]) -> None:
+    mod = bench("vs_trl")
+    cfg = load_config(None, mod.ours_overrides(mod.build_parser().parse_args([]), "m"))
+    assert cfg.algo.advantage.filter_zero_signal is False
+
+
+def test_async_vs_sync_overrides_set_the_generator_count(
+    bench: Callable[[str], ModuleType],
+) -> None:
+    mod = bench("async_vs_sync")
+    args = mod.build_parser().parse_args(["--generators", "2"])
+    assert load_config(None, mod.overrides(args)).generator.count == 2
+
+
+def test_async_vs_sync_order_flags_are_exclusive(bench: Callable[[str], ModuleType]) -> None:
+    with pytest.raises(SystemExit):
+        bench("async_vs_sync").build_parser().parse_args(["--sync-first", "--async-first"])
+
+
+def test_async_first_flag_flips_the_order(bench: Callable[[str], ModuleType]) -> None:
+    args = bench("async_vs_sync").build_parser().parse_args(["--async-first"])
+    assert args.sync_first is False
+
+
+def test_up_command_adds_sync_last(bench: Callable[[str], ModuleType]) -> None:
+    argv = bench("common").up_command(Path("/r"), 3, ["a.b=1"], sync=True)
+    assert argv[-5:] == ["--max-steps", "3", "--set", "a.b=1", "--sync"]
+
+
+def test_weights_defaults_to_two_bf16_receivers(bench: Callable[[str], ModuleType]) -> None:
+    args = bench("weights").build_parser().parse_args([])
+    assert (args.kind, args.receivers, args.dtype, args.role) == ("synthetic", 2, "bf16", "main")
+
+
+def test_weights_rejects_an_unknown_kind(bench: Callable[[str], ModuleType]) -> None:
+    with pytest.raises(SystemExit):
+        bench("weights").build_parser().parse_args(["--kind", "7b"])
+
+
+def test_synthetic_set_has_qwen2_half_billion_parameters(
+    bench: Callable[[str], ModuleType],
+) -> None:
+    mod = bench("weights")
+    params = mod.shape_bytes(mod.qwen2_like_shapes(), 1)
+    assert 490e6 < params < 500e6  # Qwen2-0.5B: 494M with tied embeddings
+
+
+def test_fill_values_change_every_version(bench: Callable[[str], ModuleType]) -> None:
+    mod = bench("weights")
+    assert all(mod.fill_value(v, 3) != mod.fill_value(v + 1, 3) for v in range(100))
+
+
+def test_series_rates_skip_the_first_step(
+    bench: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
+    rows = [
+        {"step": s, "wall_time": 10.0 + 2 * s, "reward_mean": 0.5, "tokens": 100} for s in (1, 2, 3)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    series = bench("common").series_from_metrics("x", tmp_path / "metrics.jsonl")
+    assert (series.steps_per_s(), series.tokens_per_s()) == (0.5, 50.0)
+
+
+def test_reward_means_skip_missing_rewards(bench: Callable[[str], ModuleType]) -> None:
+    series = bench("common").StepSeries("x", rewards=[math.nan, 1.0, 0.0, 0.5])
+    assert (series.reward_first(2), series.reward_last(2)) == (1.0, 0.25)
