@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 import zmq
+
 from grpo_stream.protocols import TrainBatch, decode, encode
 
 POLL_MS = 30_000  # a sender silent this long has died: fail instead of hanging

@@ -55,8 +55,9 @@ def test_metrics_have_every_field_for_every_step(finished_run: Path) -> None:
 
 
 def test_parameters_changed_and_checkpoint_loads_with_transformers(finished_run: Path) -> None:
-    from grpo_stream.models.loading import resolve_model
     from transformers import AutoModelForCausalLM
+
+    from grpo_stream.models.loading import resolve_model
 
     ckpt = finished_run / "checkpoints" / f"step-{STEPS}"
     assert (ckpt / "COMPLETE").exists()
