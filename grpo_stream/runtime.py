@@ -9,6 +9,7 @@ waiting for the heartbeat deadline.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import socket
@@ -103,7 +104,12 @@ class HubLink:
             console_json=self.log_setup[1],
         )
         log.info("hub.connected", hub=self.hub, run_id=welcome.run_id, digest=welcome.config_digest)
-        self._hb = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
+        self._hb = threading.Thread(  # with this thread's bound log fields (service, instance)
+            target=contextvars.copy_context().run,
+            args=(self._beat_loop,),
+            name="heartbeat",
+            daemon=True,
+        )
         self._hb.start()
         return self.cfg
 

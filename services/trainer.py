@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 import time
@@ -175,7 +176,9 @@ class Trainer:
                 return  # the previous one is still drawing
             self._reporter.join()
         if background:
-            self._reporter = threading.Thread(target=render, name="report", daemon=True)
+            self._reporter = threading.Thread(
+                target=contextvars.copy_context().run, args=(render,), name="report", daemon=True
+            )
             self._reporter.start()
         else:
             render()

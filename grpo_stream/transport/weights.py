@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 import time
@@ -186,8 +187,11 @@ class WeightServer:
         self._failure: BaseException | None = None
         self.served = 0  # complete snapshots streamed (read for stats)
         self._announcer = Announcer(ctx, bind_pub, settings, security, "weights-announce")
-        self._thread = threading.Thread(
-            target=self._run, args=(bind_router,), name="weight-server", daemon=True
+        self._thread = threading.Thread(  # keeps the caller's bound log fields
+            target=contextvars.copy_context().run,
+            args=(self._run, bind_router),
+            name="weight-server",
+            daemon=True,
         )
         self._thread.start()
         if not self._ready.wait(timeout=30.0):
