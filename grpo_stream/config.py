@@ -41,6 +41,8 @@ class RunSettings(BaseModel):
     """Seed for torch, sampling and the prompt stream."""
     torch_threads: int = Field(1, ge=1)
     """torch intra-op threads per service process (CPU)."""
+    sinks: list[Literal["tensorboard", "wandb"]] = []
+    """Metric sinks beside metrics.jsonl (TensorBoard event files, Weights & Biases)."""
     restarts: int = Field(0, ge=0)
     """How many times `up` restarts a service that died (trainer and hub resume from their
     checkpoints; generators and scorers rejoin and get work again)."""

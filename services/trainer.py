@@ -23,6 +23,7 @@ import structlog
 from grpo_stream.config import RunConfig
 from grpo_stream.protocols import messages as m
 from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.training.sinks import Sink, make_sinks
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 log = structlog.get_logger()
@@ -42,6 +43,7 @@ class Trainer:
         self.state = TrainState.create(self.cfg, resume=resume)
         self.server: Any = None
         self.metrics: Any = None
+        self.sinks: list[Sink] = []
         self.wall0 = time.time()
         self.wait_total = 0.0
         self._reporter: threading.Thread | None = None
@@ -70,6 +72,9 @@ class Trainer:
         self.link.endpoints = endpoints
         self.link.rejoin(force=True)  # second Hello, now with the weight server's endpoints
         self.metrics = MetricsWriter(self.run_dir)
+        self.sinks = make_sinks(
+            list(self.cfg.run.sinks), self.run_dir, self.cfg.model_dump(mode="json")
+        )
         log.info("trainer.ready", version=self.state.version, step=self.state.step, **endpoints)
 
     def publish(self) -> None:
@@ -146,6 +151,8 @@ class Trainer:
             "wall_time": time.time() - self.wall0,
         }
         self.metrics.write(row)
+        for sink in self.sinks:
+            sink.write(self.state.step, row)
         log.info(
             "trainer.step",
             step=self.state.step,
@@ -192,6 +199,8 @@ class Trainer:
     def close(self, completed: bool) -> None:
         if self.state.step > 0 or completed:
             self.state.checkpoint()
+        for sink in self.sinks:
+            sink.close()
         if self.metrics is not None:
             self.metrics.close()
             self._report()
