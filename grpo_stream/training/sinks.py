@@ -57,7 +57,7 @@ class WandbSink:
             name=run_dir.name,
             dir=str(run_dir),
             config=config,
-            mode=os.environ.get("WANDB_MODE", "online"),
+            # the mode comes from WANDB_MODE (offline keeps the run on disk)
         )
 
     def write(self, step: int, row: dict[str, Any]) -> None:
