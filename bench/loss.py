@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--vocab", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--chunk", type=int, default=LossSettings().logprob_chunk)
+    parser.add_argument("--chunk", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

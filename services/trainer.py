@@ -47,6 +47,7 @@ class Trainer:
         self.wall0 = time.time()
         self.wait_total = 0.0
         self._reporter: threading.Thread | None = None
+        self._next_report = time.monotonic() + 30.0
 
     def start(self) -> None:
         """Rank 0: bind the weight server, publish the current version, tell the hub where
@@ -165,7 +166,8 @@ class Trainer:
             step_s=_r(seconds),
             staleness=_r(row["staleness_mean"]),
         )
-        if self.state.step % 10 == 0:
+        if time.monotonic() >= self._next_report:  # a report costs CPU: every 30 s at most
+            self._next_report = time.monotonic() + 30.0
             self._report(background=True)
 
     def _report(self, background: bool = False) -> None:

@@ -39,8 +39,18 @@ class LossSettings(BaseModel):
     """Weight of the k3 KL to the frozen reference; 0 loads no reference model."""
     aggregation: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
     """Per-sequence mean then mean (grpo), token mean (dapo), or sum / (B x max_tokens) (dr_grpo)"""
-    logprob_chunk: int = Field(8, ge=1)
-    """Sequences per chunk when computing token log-probs, bounding (chunk, T, V) memory."""
+    logprob_chunk: int = Field(0, ge=0)
+    """Sequences per chunk when computing token log-probs, bounding (chunk, T, V) memory;
+    0 sizes chunks so the float32 logits of one chunk stay under logprob_chunk_mb."""
+    logprob_chunk_mb: float = Field(256.0, gt=0)
+    """Memory budget of one chunk's (chunk, T, V) float32 logits when logprob_chunk is 0."""
+
+    def chunk_for(self, length: int, vocab: int) -> int:
+        """Sequences per log-prob chunk for sequences of `length` tokens and a `vocab`."""
+        if self.logprob_chunk:
+            return self.logprob_chunk
+        per_sequence = max(1, length * vocab * 4)
+        return max(1, int(self.logprob_chunk_mb * 2**20 // per_sequence))
 
 
 class RegularizerSettings(BaseModel):

@@ -15,6 +15,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -66,6 +67,7 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_launcher,
         )
         proc = Proc(spec, popen, time.monotonic())
         self.procs[spec.instance] = proc
@@ -129,6 +131,17 @@ class Supervisor:
                 _signal(proc.popen, signal.SIGKILL)
                 proc.popen.wait()
         self.procs.clear()
+
+
+def _die_with_launcher() -> None:
+    """In the child, before exec: get SIGTERM when the launcher dies, even by SIGKILL, so a
+    killed `up` leaves no service running (Linux; elsewhere services outlive it)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
 
 
 def _signal(popen: subprocess.Popen[bytes], sig: int) -> None:

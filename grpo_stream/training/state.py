@@ -174,6 +174,9 @@ class TrainState:
         )
         return StepResult(applied=True, metrics=metrics)
 
+    def _vocab(self) -> int:
+        return int(self.model.config.vocab_size)
+
     def _pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
@@ -223,7 +226,8 @@ class TrainState:
         settings = self.cfg.algo.loss
         model = self.ddp if self.ddp is not None else self.model
         # one forward per micro-batch under DDP (its reducer expects forward, then backward)
-        chunk = part.size if self.ddp is not None else settings.logprob_chunk
+        width = int(part.input_ids.shape[1])
+        chunk = part.size if self.ddp is not None else settings.chunk_for(width, self._vocab())
         logp, entropy = token_logprobs(
             model,
             part.input_ids,
@@ -257,7 +261,7 @@ class TrainState:
                 part.input_ids,
                 part.attention_mask,
                 part.completion_mask,
-                self.cfg.algo.loss.logprob_chunk,
+                self.cfg.algo.loss.chunk_for(int(part.input_ids.shape[1]), self._vocab()),
                 self.cfg.generator.temperature,
                 with_entropy=False,
             )

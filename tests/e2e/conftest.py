@@ -80,9 +80,14 @@ class Run:
         return Path(self.log.name).read_text()
 
     def kill(self) -> None:
+        """Stop `up` as a user would (SIGTERM: it stops its services), SIGKILL if it hangs."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
