@@ -1,0 +1,385 @@
+"""grpo-stream vs TRL's GRPOTrainer: the same GRPO work on the CPU, steps/s and reward side by side.
+
+Both sides get the same model, task, prompts in the same order (prompt i is
+`task.problem(i).prompt`; TRL's dataset is the first steps x prompts-per-step problems, in
+order, not shuffled), group size G, at most 8 completion tokens, temperature 1.0 (no top-k,
+top-p 1.0), learning rate (constant, no warm-up), AdamW (weight decay 0), beta = 0 (no
+reference model), per-sequence-mean loss aggregation (`loss_type="grpo"`, ours
+`algo.loss.aggregation="grpo"`), clip range 0.2 / 0.28, group-std advantages, torch threads,
+number of steps and prompts per step; fp32 on the CPU.
+
+(a) ours: `grpo-stream up` as a child process, every group trained (no zero-signal filtering,
+    as TRL), hub.max_staleness 1 (the default: asynchronous).
+(b) TRL: `GRPOTrainer` in this process with `use_cpu=True`, fp32, no gradient checkpointing,
+    one `generate` call per step (generation batch = prompts x G, micro-batches of
+    `trainer.micro_batch` with gradient accumulation, so one optimizer step per generation),
+    our exact_match reward wrapped as a TRL reward function, a TrainerCallback recording
+    per-step time and reward.
+
+What still differs, by design of each: TRL samples with `model.generate`, ours with its own
+KV-cache loop; TRL clips the gradient norm at 1.0 (its default), ours applies its adaptive
+regularizer; ours runs generation and training in separate processes at the same time
+(one thread each), TRL alternates them in one process (one thread unless --trl-threads).
+
+Rates are steady (steps 2..N, see bench/common.py). `--size 10x` builds, deterministically
+and in a temporary directory, a Qwen2 with the tiny model's tokenizer and about 10x its
+parameters (hidden and heads x2, layers x2.5), randomly initialised and then warm-started
+with the tiny model's own SFT recipe for at most --sft-steps steps; the point is speed at 10x
+parameters: its reward may stay near 0.
+
+Run: python -m bench.vs_trl [--steps 40] [--size tiny|10x]
+Last line: `ratio ours/trl steps/s: R (reward lastK ours A trl B)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    TINY_MODEL,
+    StepSeries,
+    environment,
+    fmt,
+    median_run,
+    pipeline_overrides,
+    plot_rewards,
+    run_pipeline,
+    save_json,
+    up_command,
+)
+
+DEFAULT_LR = 2e-4  # trainer.lr's default
+DEFAULT_MICRO_BATCH = 64  # trainer.micro_batch's default
+BUILD_THREADS = 2  # torch threads while building the 10x model (as build_tiny)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="grpo-stream vs TRL GRPOTrainer on the CPU")
+    parser.add_argument("--steps", type=int, default=40, help="trainer steps of each run")
+    parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8, help="G")
+    parser.add_argument("--max-tokens", type=int, default=8, help="completion tokens at most")
+    parser.add_argument("--lr", type=float, default=DEFAULT_LR)
+    parser.add_argument("--model", default=TINY_MODEL, help="model name or path (tiny-arith)")
+    parser.add_argument("--size", choices=["tiny", "10x"], default="tiny")
+    parser.add_argument("--sft-steps", type=int, default=200, help="10x: SFT warm-start cap")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--trl-threads", type=int, default=None, help="TRL (default --threads)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--last-k", type=int, default=20, help="K of the reward means")
+    parser.add_argument(
+        "--set",
+        dest="ours_set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="extra setting for our pipeline only (repeatable), e.g. algo.loss.logprob_chunk=64",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="alternating runs per side")
+    parser.add_argument("--only", choices=["both", "ours", "trl"], default="both")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for our run")
+    parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.steps < 2:
+        raise SystemExit("--steps must be at least 2 (rates are measured from step 2)")
+    if args.group_size < 2:
+        raise SystemExit("--group-size must be at least 2 (TRL needs two generations)")
+    if min(args.prompts_per_step, args.max_tokens, args.threads, args.last_k, args.repeats) < 1:
+        raise SystemExit(
+            "--prompts-per-step, --max-tokens, --threads, --last-k, --repeats must be >= 1"
+        )
+
+
+# ---- the 10x model ------------------------------------------------------------------------
+
+
+def build_10x(tiny: str, out: Path, seed: int, sft_steps: int) -> dict[str, Any]:
+    """A ~10x wider/deeper Qwen2 with the tiny model's tokenizer, saved to `out` (bf16)."""
+    import torch
+    from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_stream.models.build_tiny import arith_pairs, expected_accuracy, warm_start
+    from grpo_stream.models.loading import load_tokenizer, resolve_model
+
+    start = time.perf_counter()
+    base = AutoConfig.from_pretrained(resolve_model(tiny)).to_dict()
+    head_dim = base["hidden_size"] // base["num_attention_heads"]
+    wide = dict(base)
+    wide.pop("layer_types", None)  # derived from num_hidden_layers again
+    wide.update(
+        hidden_size=2 * base["hidden_size"],
+        intermediate_size=2 * base["intermediate_size"],
+        num_hidden_layers=math.ceil(2.5 * base["num_hidden_layers"]),
+        num_attention_heads=2 * base["num_attention_heads"],
+        num_key_value_heads=2 * base["num_key_value_heads"],
+        head_dim=head_dim,
+    )
+    tokenizer = load_tokenizer(tiny)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)  # the build is deterministic for a thread count
+    torch.manual_seed(seed)
+    model: Any = Qwen2ForCausalLM(Qwen2Config(**wide))
+    if sft_steps > 0:
+        steps, acc = warm_start(model, tokenizer, seed, 0.30, sft_steps, eval_every=50)
+    else:
+        steps, acc = 0, expected_accuracy(model, tokenizer, arith_pairs())
+    torch.set_num_threads(threads)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    return {"path": str(out), "parameters": params, "sft_steps": steps,
+            "expected_accuracy": round(acc, 4),
+            "build_s": round(time.perf_counter() - start, 1)}  # fmt: skip
+
+
+def count_parameters(model: str) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpo_stream.models.loading import resolve_model
+
+    auto: Any = AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(resolve_model(model))
+    return int(sum(p.numel() for p in auto.from_config(config).parameters()))
+
+
+# ---- TRL ----------------------------------------------------------------------------------
+
+
+def load_problems(n: int) -> list[Any]:
+    """The first `n` problems of the default task, in order (what our hub dispatches)."""
+    from grpo_stream.tasks import make_task
+    from grpo_stream.tasks.settings import TaskSettings
+
+    task = make_task(TaskSettings())
+    return [task.problem(i) for i in range(n)]
+
+
+def trl_reward() -> Callable[..., list[float | None]]:
+    """Our exact_match as a TRL reward function (references travel as JSON strings)."""
+    from grpo_stream.rewards import load_reward
+    from grpo_stream.tasks.settings import RewardSpec
+
+    fn = load_reward(RewardSpec(name="exact_match"))
+
+    def exact_match(
+        prompts: list[str], completions: list[str], reference: list[str], **_: Any
+    ) -> list[float | None]:
+        return [
+            float(fn(c, prompt=p, reference=json.loads(r)))
+            for p, c, r in zip(prompts, completions, reference, strict=True)
+        ]
+
+    return exact_match
+
+
+def trl_config(args: argparse.Namespace, output_dir: str) -> Any:
+    from trl.trainer.grpo_config import GRPOConfig
+
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    # transformers 5 renamed gradient_checkpointing (GRPOConfig's default: on)
+    key = "activation_checkpointing"
+    no_checkpointing: dict[str, Any] = {key if key in fields else "gradient_checkpointing": False}
+    per_step = args.prompts_per_step * args.group_size
+    micro = min(DEFAULT_MICRO_BATCH, per_step)
+    if per_step % micro:
+        micro = per_step
+    return GRPOConfig(
+        output_dir=output_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=per_step // micro,  # generation batch = prompts x G
+        num_generations=args.group_size,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",
+        beta=0.0,
+        loss_type="grpo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        scale_rewards="group",
+        num_iterations=1,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        **no_checkpointing,
+        shuffle_dataset=False,
+        remove_unused_columns=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=args.seed,
+        data_seed=args.seed,
+        dataloader_num_workers=0,
+    )
+
+
+def make_recorder(series: StepSeries, rollouts_per_step: int) -> Any:
+    """A TrainerCallback filling `series` with per-step time, reward and completion tokens."""
+    from transformers import TrainerCallback
+
+    class Recorder(TrainerCallback):
+        t0 = 0.0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            series.steps.append(int(state.global_step))
+            series.wall_s.append(time.perf_counter() - self.t0)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "reward" in logs and len(series.rewards) < len(series.steps):
+                series.rewards.append(float(logs["reward"]))
+                length = float(logs.get("completions/mean_length", math.nan))
+                series.completion_tokens.append(length * rollouts_per_step)
+                series.extra.setdefault("step_time", []).append(float(logs.get("step_time", -1)))
+
+    return Recorder()
+
+
+def run_trl(args: argparse.Namespace, model_path: str) -> tuple[StepSeries, dict[str, Any]]:
+    start = time.perf_counter()
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from grpo_stream.models.loading import load_policy, load_tokenizer
+
+    torch.set_num_threads(args.trl_threads or args.threads)
+    torch.manual_seed(args.seed)
+    problems = load_problems(args.steps * args.prompts_per_step)
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [p.prompt for p in problems],
+            "reference": [json.dumps(dict(p.reference)) for p in problems],
+        }
+    )
+    series = StepSeries(name="TRL GRPOTrainer")
+    with tempfile.TemporaryDirectory(prefix="bench-trl-") as out:
+        config = trl_config(args, out)
+        trainer = GRPOTrainer(
+            model=load_policy(model_path, dtype="float32", trainable=True),
+            reward_funcs=[trl_reward()],
+            args=config,
+            train_dataset=dataset,
+            processing_class=load_tokenizer(model_path),
+            callbacks=[make_recorder(series, args.prompts_per_step * args.group_size)],
+        )
+        trainer.remove_callback(PrinterCallback)  # the per-step log dicts; the summary says it
+        trainer.train()
+    series.total_s = time.perf_counter() - start
+    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
+            "steps_per_generation", "num_generations", "max_completion_length", "learning_rate",
+            "lr_scheduler_type", "loss_type", "beta", "epsilon", "epsilon_high", "max_grad_norm",
+            "use_cpu", "bf16", "gradient_checkpointing", "shuffle_dataset", "optim")  # fmt: skip
+    return series, {k: getattr(config, k) for k in keys}
+
+
+# ---- ours and the report ------------------------------------------------------------------
+
+
+def run_ours(args: argparse.Namespace, model_path: str, run_dir: Path) -> StepSeries:
+    overrides = ours_overrides(args, model_path)
+    return run_pipeline("grpo-stream", run_dir, args.steps, overrides, timeout_s=args.timeout)
+
+
+def ours_overrides(args: argparse.Namespace, model_path: str) -> list[str]:
+    same = pipeline_overrides(
+        model=model_path, group_size=args.group_size, prompts_per_step=args.prompts_per_step,
+        max_tokens=args.max_tokens, lr=args.lr, threads=args.threads, seed=args.seed,
+        steps=args.steps,
+    )  # fmt: skip
+    return [*same, 'algo.loss.aggregation="grpo"', "algo.loss.beta=0.0", *args.ours_set]
+
+
+def run_sides(
+    args: argparse.Namespace, model_path: str, tmp: Path, result: dict[str, Any]
+) -> list[StepSeries]:
+    """Each side `--repeats` times, alternating (the machine's load drifts); per side, the
+    run with the median steps/s. Every repeat's steps/s goes into `result`."""
+    sides: dict[str, list[StepSeries]] = {"ours": [], "trl": []}
+    for repeat in range(args.repeats):
+        if args.only in ("both", "ours"):
+            run_dir = tmp / f"ours-{repeat}"
+            command = up_command(run_dir, args.steps, ours_overrides(args, model_path))
+            result["ours_command"] = " ".join(command)
+            sides["ours"].append(run_ours(args, model_path, run_dir))
+        if args.only in ("both", "trl"):
+            series, result["trl_config"] = run_trl(args, model_path)
+            sides["trl"].append(series)
+    result["repeats_steps_per_s"] = {
+        side: [s.steps_per_s() for s in runs] for side, runs in sides.items() if runs
+    }
+    if args.repeats > 1:
+        print(f"steps/s of every repeat: {json.dumps(result['repeats_steps_per_s'])}")
+    return [median_run(runs) for runs in sides.values() if runs]
+
+
+def print_summary(series: list[StepSeries], k: int) -> None:
+    for s in series:
+        print(
+            f"{s.name:16s} steps/s {fmt(s.steps_per_s(), 3)}  completion tokens/s "
+            f"{fmt(s.tokens_per_s(), 0)}  reward first{k} {fmt(s.reward_first(k))} "
+            f"last{k} {fmt(s.reward_last(k))}  steps {len(s.steps)}  wall {fmt(s.total_s, 1)} s"
+        )
+
+
+def final_line(ours: StepSeries, trl: StepSeries, k: int) -> str:
+    ratio = ours.steps_per_s() / trl.steps_per_s()
+    tokens = ours.tokens_per_s() / trl.tokens_per_s()
+    print(f"ratio ours/trl completion tokens/s: {fmt(tokens)}")
+    return (
+        f"ratio ours/trl steps/s: {fmt(ratio)} (reward last{k} ours "
+        f"{fmt(ours.reward_last(k))} trl {fmt(trl.reward_last(k))})"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    k = min(args.last_k, args.steps)
+    with tempfile.TemporaryDirectory(prefix="bench-vs-trl-") as tmp:
+        model_path, model_info = args.model, {"path": args.model}
+        if args.size == "10x":
+            model_info = build_10x(args.model, Path(tmp) / "model-10x", args.seed, args.sft_steps)
+            model_path = model_info["path"]
+            print(f"10x model: {json.dumps(model_info)}", flush=True)
+        model_info.setdefault("parameters", count_parameters(model_path))
+        result: dict[str, Any] = {"args": vars(args), "model": model_info, "env": environment()}
+        runs = run_sides(args, model_path, Path(tmp), result)
+    print_summary(runs, k)
+    result["summary"] = {s.name: s.summary(k) for s in runs}
+    result["series"] = [s.to_json() for s in runs]
+    if not args.no_save:
+        stem = RESULTS_DIR / f"vs_trl_{args.size}"
+        title = f"GRPO on arith, {model_info['parameters'] / 1e6:.1f}M params, CPU"
+        plot_rewards(stem.with_suffix(".png"), runs, title)
+        save_json(stem.with_suffix(".json"), result)
+        print(f"saved {stem.relative_to(REPO_ROOT)}.json/.png")
+    if len(runs) == 2:
+        print(final_line(runs[0], runs[1], k))
+
+
+if __name__ == "__main__":
+    main()
