@@ -67,3 +67,19 @@ def write_report(run_dir: Path) -> Path | None:
     fig.savefig(tmp, dpi=80)
     os.replace(tmp, out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m grpo_stream.report RUN_DIR`: render RUN_DIR/report.png once."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m grpo_stream.report RUN_DIR", file=sys.stderr)
+        return 2
+    write_report(Path(args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

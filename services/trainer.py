@@ -11,9 +11,9 @@ Invariants:
 
 from __future__ import annotations
 
-import contextvars
 import os
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ class Trainer:
         self.sinks: list[Sink] = []
         self.wall0 = time.time()
         self.wait_total = 0.0
-        self._reporter: threading.Thread | None = None
+        self._reporter: subprocess.Popen[bytes] | None = None
         self._next_report = time.monotonic() + 30.0
 
     def start(self) -> None:
@@ -171,26 +171,19 @@ class Trainer:
             self._report(background=True)
 
     def _report(self, background: bool = False) -> None:
-        """Render report.png; in the background during the run so steps never wait on it."""
-        from grpo_stream.report import write_report
-
-        def render() -> None:
-            try:
-                write_report(self.run_dir)
-            except (OSError, ValueError) as exc:
-                log.warning("report.failed", error=str(exc))
-
-        if self._reporter is not None and self._reporter.is_alive():
+        """Render report.png in a child process (matplotlib's memory and CPU stay out of the
+        trainer); in the background during the run, waited for at the end."""
+        if self._reporter is not None and self._reporter.poll() is None:
             if background:
                 return  # the previous one is still drawing
-            self._reporter.join()
-        if background:
-            self._reporter = threading.Thread(
-                target=contextvars.copy_context().run, args=(render,), name="report", daemon=True
-            )
-            self._reporter.start()
-        else:
-            render()
+            self._reporter.wait()
+        self._reporter = subprocess.Popen(
+            [sys.executable, "-m", "grpo_stream.report", str(self.run_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        if not background and self._reporter.wait() != 0:
+            log.warning("report.failed", code=self._reporter.returncode)
 
     def _request(self) -> m.BatchRequest:
         st = self.state
