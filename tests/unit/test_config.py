@@ -83,3 +83,10 @@ def test_every_field_is_documented() -> None:
         return missing
 
     assert undocumented(RunConfig, "") == []
+
+
+@pytest.mark.parametrize("name", ["qwen-gsm8k.toml"])
+def test_shipped_examples_validate(name: str) -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    cfg = load_config(path)
+    assert cfg.generator.engine == "vllm" and cfg.task.name == "math"
