@@ -27,7 +27,7 @@ import numpy as np
 import structlog
 
 from grpo_stream.config import RunConfig
-from grpo_stream.hub.batches import assemble, build_batch
+from grpo_stream.hub.batches import assemble, build_batch, generator_stats, reward_stats
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
@@ -341,19 +341,10 @@ class Grouper:
             self.window_rewards = []
 
     def _batch_stats(self, groups: list[Group]) -> dict[str, Any]:
-        """Hub-side metrics for the step. The reward is over the batch's groups and the groups
-        filtered since the last batch (all-correct and all-wrong ones count too)."""
-        rewards = [float(r) for g in groups for r in g.rewards if np.isfinite(r)]
-        rewards += self.window_rewards
-        rewards = rewards or [float("nan")]
-        gens = self.registry.of("generator")
         return {
             **{f"groups_{k}": v for k, v in self.ledger.summary().items()},
-            "reward_mean": float(np.mean(rewards)),
-            "reward_std": float(np.std(rewards)),
-            "pass_rate": float(np.mean([r >= 1.0 for r in rewards])),
-            "gen_tokens_per_s": {p.instance: float(p.stats.get("tokens_per_s", 0.0)) for p in gens},
-            "gen_wait_s": float(sum(float(p.stats.get("wait_s", 0.0)) for p in gens)),
+            **reward_stats(groups, self.window_rewards),
+            **generator_stats(self.registry.of("generator")),
             "buffer_size": len(self.buffer),
             "peers_lost": self.registry.lost_total,
         }

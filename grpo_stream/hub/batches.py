@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group
 from grpo_stream.protocols.messages import Rollout, Scored, TrainBatch
 
@@ -94,3 +95,26 @@ def build_batch(
             else 0.0,
         },
     )
+
+
+def reward_stats(groups: list[Group], filtered_rewards: list[float]) -> dict[str, float]:
+    """Reward of a step: over the batch's groups and the groups filtered since the last batch
+    (all-correct and all-wrong groups count too, or the mean would be biased)."""
+    rewards = [float(r) for g in groups for r in g.rewards if np.isfinite(r)] + filtered_rewards
+    if not rewards:
+        return {"reward_mean": float("nan"), "reward_std": float("nan"), "pass_rate": float("nan")}
+    return {
+        "reward_mean": float(np.mean(rewards)),
+        "reward_std": float(np.std(rewards)),
+        "pass_rate": float(np.mean([r >= 1.0 for r in rewards])),
+    }
+
+
+def generator_stats(generators: list[Peer]) -> dict[str, Any]:
+    """Throughput and credit waits the generators reported in their heartbeats."""
+    return {
+        "gen_tokens_per_s": {
+            p.instance: float(p.stats.get("tokens_per_s", 0.0)) for p in generators
+        },
+        "gen_wait_s": float(sum(float(p.stats.get("wait_s", 0.0)) for p in generators)),
+    }
