@@ -25,7 +25,7 @@ from grpo_stream.protocols.codec import decode, encode
 from .conftest import Run, assert_accounting
 
 pytestmark = pytest.mark.slow
-STEPS = 40  # long enough to stay up while the clients below are refused (3 s each)
+STEPS = 150  # long enough to stay up while the clients below are refused (3 s each)
 REFUSED_WAIT_MS = 3000
 CLIENTS = ("allowed", "unknown_key", "plaintext")
 
@@ -88,8 +88,9 @@ def curve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CurveRun]:
               "--set", f"security.keys_dir={base / 'keys'}")  # fmt: skip
     try:
         run.wait_steps(1)
-        addresses = {"hub": (run.run_dir / "hub.addr").read_text().strip(),
-                     "weights": weights_address(run.run_dir)}  # fmt: skip
+        # the weight server first: the run must still be up when the refused clients time out
+        addresses = {"weights": weights_address(run.run_dir),
+                     "hub": (run.run_dir / "hub.addr").read_text().strip()}  # fmt: skip
         keys = client_keys(base / "keys")
         replies = {(sock, who): ask(addr, keys[who])
                    for sock, addr in addresses.items() for who in CLIENTS}  # fmt: skip
