@@ -88,7 +88,6 @@ class HubLink:
         self._rejoin_wanted = threading.Event()  # set by the heartbeat thread
         self._rejoined_at = -1e9
         self._hb: threading.Thread | None = None
-        self._next_beat = 0.0
 
     def connect(self) -> RunConfig:
         """Say Hello; return the run's config from Welcome."""

@@ -174,7 +174,7 @@ class Grouper:
                 m.Error(code="unregistered", message="send Hello first", in_reply_to=msg.KIND),
             )
             return
-        peer.last_seen = time.monotonic()
+        self.registry.beat(peer.instance, time.monotonic())  # any message proves liveness
         handlers: dict[type[m.Message], Callable[[Peer, Any], None]] = {
             m.WorkRequest: self._on_work_request,
             m.Rollout: self._on_rollout,
@@ -204,8 +204,8 @@ class Grouper:
                 hello.pid,
                 hello.rank,
                 dict(hello.fingerprint),
-                time.monotonic(),
-            )
+            ),
+            time.monotonic(),
         )
         if hello.service == "trainer" and hello.rank == 0 and hello.endpoints:
             self.peers_info.update(hello.endpoints)

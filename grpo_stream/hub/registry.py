@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_stream.transport.heartbeat import Heartbeats
+
 
 @dataclass
 class Peer:
@@ -17,7 +19,6 @@ class Peer:
     pid: int
     rank: int
     fingerprint: dict[str, Any]
-    last_seen: float
     credits: int = 0
     stats: dict[str, Any] = field(default_factory=dict)
     joined: int = 1  # times this instance registered (restarts)
@@ -47,12 +48,13 @@ class Registry:
     """Peers by instance name; lost peers are removed and counted."""
 
     def __init__(self, heartbeat_timeout_s: float) -> None:
-        self.timeout = heartbeat_timeout_s
+        self.heartbeats: Heartbeats[str] = Heartbeats(heartbeat_timeout_s)
         self.peers: dict[str, Peer] = {}
         self.lost_total = 0
         self._history: dict[str, int] = {}
 
-    def register(self, peer: Peer) -> Peer:
+    def register(self, peer: Peer, now: float) -> Peer:
+        self.heartbeats.beat(peer.instance, now)
         peer.joined = self._history.get(peer.instance, 0) + 1
         self._history[peer.instance] = peer.joined
         self.peers[peer.instance] = peer
@@ -68,19 +70,18 @@ class Registry:
         peer = self.peers.get(instance)
         if peer is None:
             return False
-        peer.last_seen = now
+        self.heartbeats.beat(instance, now)
         if stats:
             peer.stats.update(stats)
         return True
 
     def remove(self, instance: str) -> Peer | None:
+        self.heartbeats.forget(instance)
         return self.peers.pop(instance, None)
 
     def expire(self, now: float) -> list[Peer]:
         """Remove and return peers silent past the heartbeat deadline."""
-        lost = [p for p in self.peers.values() if now - p.last_seen > self.timeout]
-        for peer in lost:
-            del self.peers[peer.instance]
+        lost = [self.peers.pop(i) for i in self.heartbeats.lost(now) if i in self.peers]
         self.lost_total += len(lost)
         return lost
 

@@ -9,7 +9,7 @@ from grpo_stream.hub.registry import Peer
 
 
 def peer(name: str, credits: int) -> Peer:
-    return Peer("generator", name, name.encode(), "h", 1, 0, {}, 0.0, credits=credits)
+    return Peer("generator", name, name.encode(), "h", 1, 0, {}, credits=credits)
 
 
 def test_the_generator_below_its_share_is_served_first() -> None:
