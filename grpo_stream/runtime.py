@@ -82,7 +82,11 @@ class HubLink:
         self.peers: dict[str, Any] = {}
         self.cfg: RunConfig | None = None
         self.stats: dict[str, Any] = {}
-        self.joins = 0  # Welcomes received; a new one after a hub restart means: ask for work again
+        # Welcomes that answered our Hello: a new one means the hub (re)registered us and forgot
+        # what we asked for, so ask for work again. The hub also sends Welcome unasked when
+        # peers change (the trainer's weight server); those only update config and peers.
+        self.joins = 0
+        self._hellos_unanswered = 0
         self.policy_version = 0  # the trainer's version as the hub last told us
         self._hb_stop = threading.Event()
         self._rejoin_wanted = threading.Event()  # set by the heartbeat thread
@@ -91,8 +95,7 @@ class HubLink:
 
     def connect(self) -> RunConfig:
         """Say Hello; return the run's config from Welcome."""
-        welcome = handshake(self.client, self._hello(), self.transport.handshake_timeout_s)
-        self._on_welcome(welcome)
+        welcome = self.introduce()
         assert self.cfg is not None
         # now that the run directory is known, log to its files too
         setup_logging(
@@ -112,9 +115,16 @@ class HubLink:
         self._hb.start()
         return self.cfg
 
-    def _on_welcome(self, welcome: m.Welcome) -> None:
+    def introduce(self) -> m.Welcome:
+        """Say Hello (again: to tell the hub new `endpoints`) and wait for its Welcome."""
+        welcome = handshake(self.client, self._hello(), self.transport.handshake_timeout_s)
+        self._on_welcome(welcome, answered_hello=True)
+        return welcome
+
+    def _on_welcome(self, welcome: m.Welcome, answered_hello: bool) -> None:
         self.cfg = config_from_dict(dict(welcome.config))
-        self.joins += 1
+        if answered_hello:
+            self.joins += 1
         self._rejoined_at = -1e9  # welcomed: a later rejection needs a new Hello
         self.policy_version = max(self.policy_version, welcome.policy_version)
         self.peers = dict(welcome.peers)
@@ -136,7 +146,9 @@ class HubLink:
             self.rejoin()
         msg = self.client.recv(timeout_ms)
         if isinstance(msg, m.Welcome):
-            self._on_welcome(msg)
+            answered = self._hellos_unanswered > 0
+            self._hellos_unanswered = max(0, self._hellos_unanswered - 1)
+            self._on_welcome(msg, answered_hello=answered)
             return None
         if isinstance(msg, m.Shutdown):
             log.info("hub.shutdown", reason=msg.reason)
@@ -149,15 +161,16 @@ class HubLink:
             return None
         return msg
 
-    def rejoin(self, force: bool = False) -> None:
+    def rejoin(self) -> None:
         """The hub does not know us (it restarted, or declared us lost): say Hello again.
         Several rejections arrive for one loss; one Hello per heartbeat deadline answers them."""
         now = time.monotonic()
-        if not force and now - self._rejoined_at < self.transport.heartbeat_timeout_s:
+        if now - self._rejoined_at < self.transport.heartbeat_timeout_s:
             return
         self._rejoined_at = now
         log.info("hub.rejoin", hub=self.hub)
         self.client.send(self._hello())
+        self._hellos_unanswered += 1
 
     def _hello(self) -> m.Hello:
         return m.Hello(

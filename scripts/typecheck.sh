@@ -10,4 +10,4 @@ for entry in "$root"/grpo_stream/*; do ln -s "$entry" "$tree/grpo_stream/$(basen
 ln -s "$root/services" "$tree/grpo_stream/services"
 ln -s "$root/protocols" "$tree/grpo_stream/protocols"
 cd "$tree"
-python -m mypy --config-file "$root/pyproject.toml" --strict -p grpo_stream "$@"
+"${PYTHON:-python}" -m mypy --config-file "$root/pyproject.toml" --strict -p grpo_stream "$@"

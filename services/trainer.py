@@ -71,7 +71,7 @@ class Trainer:
             k: _public(v, self.cfg.trainer.public_host) for k, v in self.server.addresses.items()
         }
         self.link.endpoints = endpoints
-        self.link.rejoin(force=True)  # second Hello, now with the weight server's endpoints
+        self.link.introduce()  # second Hello, now with the weight server's endpoints
         self.metrics = MetricsWriter(self.run_dir)
         self.sinks = make_sinks(
             list(self.cfg.run.sinks), self.run_dir, self.cfg.model_dump(mode="json")
@@ -115,8 +115,10 @@ class Trainer:
         self.link.send(self._request())
         while not self.stop.set:
             msg = self.link.recv(timeout_ms=100)
-            if isinstance(msg, m.TrainBatch):
+            if isinstance(msg, m.TrainBatch) and msg.step == self.state.step:
                 return msg, time.perf_counter() - t0
+            if isinstance(msg, m.TrainBatch):  # an answer to an earlier, repeated request
+                log.warning("batch.discarded", step=msg.step, expected=self.state.step)
             if self.link.joins != joins:  # the hub restarted: ask again
                 joins = self.link.joins
                 self.link.send(self._request())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,8 @@ SOURCES = ["grpo_stream", "services", "protocols", "tests", "bench"]
 
 
 def _run(*cmd: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "PYTHON": sys.executable}  # the interpreter running the tests
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_ruff_check_is_clean() -> None:
@@ -30,4 +32,4 @@ def test_ruff_format_is_applied() -> None:
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_mypy_strict_is_clean() -> None:
     result = _run("bash", "scripts/typecheck.sh")
-    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
