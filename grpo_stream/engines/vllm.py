@@ -35,6 +35,7 @@ from grpo_stream.engines.base import (
     resolve_dtype_name,
     to_torch,
 )
+from grpo_stream.progress import long_wait
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 if TYPE_CHECKING:
@@ -81,19 +82,20 @@ class VLLMEngine:
 
         dev = resolve_device(device)
         path = resolve_model(model.name_or_path)
-        llm = LLM(
-            model=path,
-            tokenizer=path,
-            dtype=resolve_dtype_name(model.dtype, dev),
-            seed=seed,
-            gpu_memory_utilization=generator.gpu_memory_utilization,
-            max_model_len=max_model_len,
-            # CUDA graphs pay off on GPUs; on the CPU eager mode is the supported path.
-            enforce_eager=dev.startswith("cpu"),
-            worker_extension_cls=WORKER_EXTENSION,
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",
-        )
+        with long_wait("model.load", engine="vllm", model=model.name_or_path):
+            llm = LLM(
+                model=path,
+                tokenizer=path,
+                dtype=resolve_dtype_name(model.dtype, dev),
+                seed=seed,
+                gpu_memory_utilization=generator.gpu_memory_utilization,
+                max_model_len=max_model_len,
+                # CUDA graphs pay off on GPUs; on the CPU eager mode is the supported path.
+                enforce_eager=dev.startswith("cpu"),
+                worker_extension_cls=WORKER_EXTENSION,
+                logprobs_mode="processed_logprobs",
+                generation_config="vllm",
+            )
         log.info("engine.loaded", engine="vllm", model=model.name_or_path, device=dev)
         return cls(llm, transport, security)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from grpo_stream.config import DEFAULT_MODEL
+from grpo_stream.progress import long_wait
 
 if TYPE_CHECKING:
     import torch
@@ -78,8 +79,9 @@ def load_policy(
     from transformers import AutoModelForCausalLM
 
     kwargs = {_dtype_keyword(): torch_dtype(dtype, device)}
-    model: Any = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
-    model.to(device)
+    with long_wait("model.load", model=name_or_path, device=device):
+        model: Any = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
+        model.to(device)
     if trainable:
         model.train()
     else:

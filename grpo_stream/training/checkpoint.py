@@ -20,6 +20,8 @@ import numpy as np
 import structlog
 import torch
 
+from grpo_stream.progress import long_wait
+
 log = structlog.get_logger()
 MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -72,24 +74,39 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int
+    run_dir: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    state: dict[str, Any],
+    keep: int,
+    model_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write step-N atomically and prune to the newest `keep` complete checkpoints."""
+    """Write step-N atomically and prune to the newest `keep` complete checkpoints.
+
+    `model_state`: the full weights to write when `model` holds only a shard of them (FSDP2).
+    """
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    torch.save({**state, "rng": rng_state()}, tmp / "trainer_state.pt")
-    (tmp / MARKER).write_text(f"{step}\n")
-    _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
+    with long_wait("checkpoint.write", step=step, stage="model") as wait:
+        if model_state is None:
+            model.save_pretrained(tmp, safe_serialization=True)
+        else:
+            model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        wait.fields["stage"] = "trainer_state"
+        torch.save({**state, "rng": rng_state()}, tmp / "trainer_state.pt")
+        (tmp / MARKER).write_text(f"{step}\n")
+        wait.fields["stage"] = "fsync"
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
     for _, old in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for stray in root.glob(".tmp-step-*"):

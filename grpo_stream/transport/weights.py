@@ -32,6 +32,7 @@ import numpy as np
 import structlog
 import zmq
 
+from grpo_stream.progress import Wait, long_wait
 from grpo_stream.protocols.codec import encode
 from grpo_stream.protocols.messages import (
     Error,
@@ -342,26 +343,37 @@ def fetch_weights(
     identity = f"weights-fetch-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # fresh: no stale replies
     client = Client(ctx, address, settings, security, identity)
     try:
-        client.send(WeightsRequest(version=version))
-        deadline = time.monotonic() + timeout_s
-        assembly: _Assembly | None = None
-        while assembly is None or len(assembly.parts) < assembly.count:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            msg = client.recv(max(1, left_ms)) if left_ms > 0 else None
-            if msg is None and time.monotonic() >= deadline:
-                got = 0 if assembly is None else len(assembly.parts)
-                want = "?" if assembly is None else assembly.count
-                raise WeightsTimeout(
-                    f"weights from {address}: {got}/{want} chunks within {timeout_s:g} s"
-                )
-            if isinstance(msg, Error):
-                raise WeightsError(f"weights from {address}: {msg.message} ({msg.code})")
-            if isinstance(msg, WeightsChunk):
-                assembly = assembly or _Assembly(msg.version, msg.count)
-                assembly.add(msg, address)
-        return assembly.version, assembly.tensors()
+        with long_wait("weights.fetch", unit="chunks", address=address) as wait:
+            return _receive_version(client, address, version, timeout_s, wait)
     finally:
         client.close()
+
+
+def _receive_version(
+    client: Client, address: str, version: int, timeout_s: float, wait: Wait
+) -> tuple[int, list[tuple[str, np.ndarray[Any, Any]]]]:
+    client.send(WeightsRequest(version=version))
+    deadline = time.monotonic() + timeout_s
+    assembly: _Assembly | None = None
+    received = 0
+    while assembly is None or len(assembly.parts) < assembly.count:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        msg = client.recv(max(1, left_ms)) if left_ms > 0 else None
+        if msg is None and time.monotonic() >= deadline:
+            got = 0 if assembly is None else len(assembly.parts)
+            want = "?" if assembly is None else assembly.count
+            raise WeightsTimeout(
+                f"weights from {address}: {got}/{want} chunks within {timeout_s:g} s"
+            )
+        if isinstance(msg, Error):
+            raise WeightsError(f"weights from {address}: {msg.message} ({msg.code})")
+        if isinstance(msg, WeightsChunk):
+            assembly = assembly or _Assembly(msg.version, msg.count)
+            assembly.add(msg, address)
+            received += sum(int(t.nbytes) for t in msg.tensors)
+            wait.done, wait.total = len(assembly.parts), assembly.count
+            wait.fields.update(version=assembly.version, mib=round(received / 2**20, 1))
+    return assembly.version, assembly.tensors()
 
 
 class WeightsWatcher:
