@@ -159,6 +159,10 @@ class TrainerSettings(BaseModel):
     """torch.distributed ranks (torchrun) for the trainer."""
     ddp_bucket_mb: float = Field(25.0, gt=0)
     """DDP gradient bucket size: buckets are all-reduced while backward still runs."""
+    parallel: Literal["ddp", "fsdp2"] = "ddp"
+    """How several ranks share the model: ddp replicates it and all-reduces gradient buckets;
+    fsdp2 shards parameters, gradients and optimizer state per decoder layer (for models
+    that do not fit one device)."""
     bind: str = "tcp://127.0.0.1:0"
     """Address of the weight server (ROUTER) and announcer (PUB uses the next port)."""
     announce_bind: str | None = None

@@ -30,7 +30,11 @@ log = structlog.get_logger()
 
 
 class Trainer:
-    """Policy, optimizer and the update loop of one trainer process (rank 0 publishes)."""
+    """Policy, optimizer and the update loop of one trainer process (rank 0 publishes).
+
+    Under FSDP2 `publish` and `state.checkpoint` are collective: every rank reaches them at
+    the same steps (same step counter, same publish/checkpoint intervals), only rank 0 writes.
+    """
 
     def __init__(self, link: HubLink, stop: StopFlag, resume: bool) -> None:
         from grpo_stream.training.state import TrainState
@@ -51,11 +55,12 @@ class Trainer:
 
     def start(self) -> None:
         """Rank 0: bind the weight server, publish the current version, tell the hub where
-        it is, open metrics. Other ranks only train."""
+        it is, open metrics. Other ranks only train (and join publishing under FSDP2)."""
         from grpo_stream.training.metrics import MetricsWriter
         from grpo_stream.transport.weights import WeightServer
 
         if self.state.rank != 0:
+            self.publish()  # under FSDP2, rank 0's first publish gathers from every rank
             return
 
         host = _host_of(self.cfg.trainer.bind)
@@ -79,10 +84,15 @@ class Trainer:
         log.info("trainer.ready", version=self.state.version, step=self.state.step, **endpoints)
 
     def publish(self) -> None:
-        if self.server is None:
+        """Rank 0 sends the current version. Every rank calls this at the same points: under
+        FSDP2 the full weights are gathered from all ranks first."""
+        if self.server is None and not self.state.fsdp:
             return
         t0 = time.perf_counter()
-        self.server.publish(self.state.version, self.state.named_weights())
+        weights = self.state.named_weights()  # collective under FSDP2
+        if self.server is None:
+            return
+        self.server.publish(self.state.version, weights)
         log.info(
             "weights.published",
             version=self.state.version,

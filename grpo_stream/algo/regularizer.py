@@ -16,7 +16,8 @@ When n <= tau nothing changes.
 Invariants:
 - The norm is global: per-rank sums of squares are all-reduced (SUM) over torch.distributed
   when it is initialised and the gradients are sharded (FSDP-like: each rank holds distinct
-  parameters). With replicated, already-averaged gradients (DDP) pass `sharded=False`.
+  parameters; under FSDP2 the gradients are DTensors and each rank sums its local shard).
+  With replicated, already-averaged gradients (DDP) pass `sharded=False`.
   Every rank computes the same norm, hence the same scale.
 - tau is used first, then updated: tau <- alpha * tau + (1 - alpha) * n (n before the step).
   The first finite, non-zero norm sets tau to tau0, or to init_fraction * n if tau0 is None.
@@ -55,12 +56,24 @@ def prox_norm(norm: float, tau: float, lam: float) -> float:
     return (norm + lam * tau) / (1.0 + lam)
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (an FSDP2 parameter or gradient); other tensors as is."""
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(tensor, DTensor):
+            return tensor.to_local()
+    return tensor
+
+
 def global_grad_norm(grads: list[torch.Tensor], sharded: bool = True) -> float:
     """L2 norm of all `grads` together, across ranks when sharded and distributed is up."""
     dist = torch.distributed
     distributed = sharded and dist.is_available() and dist.is_initialized()
     if grads:
-        sq = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+        # a DTensor's own sum would all-reduce once per gradient: sum the local shards here
+        # and all-reduce once below
+        sq = torch.stack([local_shard(g).detach().float().pow(2).sum() for g in grads]).sum()
     else:  # a rank may hold no gradient; it still joins the all-reduce
         on_gpu = distributed and dist.get_backend() == "nccl"
         sq = torch.zeros((), device="cuda" if on_gpu else "cpu")

@@ -14,6 +14,8 @@ Invariants:
   `TooManyRollbacks` and restores nothing. `stable()` (a good step) resets the count.
 - With torch.distributed initialised, `check` agrees across ranks (any rank's failure fails
   all), so every rank rolls back together.
+- Under FSDP2 the state dicts hold DTensors: cloning one copies this rank's shard only (no
+  communication), so each rank snapshots and restores its own shard.
 - Memory: the snapshot holds a copy of the model's state dict (1x parameters and buffers) and
   of the optimizer state (2x parameters for AdamW), on the parameters' device unless
   `snapshot_on_cpu`; take it only as often as you need a restore point.
@@ -29,7 +31,7 @@ from typing import Any
 import structlog
 import torch
 
-from grpo_stream.algo.regularizer import GradRegularizer
+from grpo_stream.algo.regularizer import GradRegularizer, local_shard
 from grpo_stream.algo.settings import RollbackSettings
 
 log = structlog.get_logger()
@@ -100,7 +102,8 @@ class RollbackGuard:
     def check(self, loss: torch.Tensor, parameters: Iterable[torch.Tensor]) -> bool:
         """True when the loss and every gradient are finite (on every rank); one host sync."""
         bad_loss = ~torch.isfinite(loss.detach()).all()
-        grad_flags = [~torch.isfinite(p.grad).all() for p in parameters if p.grad is not None]
+        grads = [local_shard(p.grad) for p in parameters if p.grad is not None]
+        grad_flags = [~torch.isfinite(g).all() for g in grads]  # this rank's shards (FSDP2)
         bad_grad = torch.stack(grad_flags).any() if grad_flags else torch.zeros_like(bad_loss)
         bad = torch.stack([bad_loss, bad_grad.to(bad_loss.device)]).int()  # (2,)
         dist = torch.distributed

@@ -4,6 +4,10 @@ One step: TrainBatch -> padded tensors -> for each micro-batch: token log-probs 
 GRPO loss normalised by the whole batch's totals, backward (gradients accumulate) ->
 rollback guard check -> gradient regularizer (global norm) -> AdamW step -> version + 1.
 A non-finite loss or gradient skips the optimizer step and restores the last snapshot.
+
+Several ranks (torchrun) either replicate the model under DDP or shard it with FSDP2
+(`trainer.parallel`, see grpo_stream.training.fsdp). Under FSDP2 `checkpoint` and
+`named_weights` are collective: every rank calls them at the same points.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ class TrainState:
     guard: RollbackGuard
     step: int = 0
     version: int = 0
-    ddp: Any = None  # DistributedDataParallel wrapper when several ranks train
+    ddp: Any = None  # DistributedDataParallel wrapper when several ranks train under DDP
+    fsdp: bool = False  # the model is sharded with FSDP2 (its parameters are DTensors)
     world_size: int = 1
     rank: int = 0
     fault_fired: bool = False
@@ -67,11 +72,16 @@ class TrainState:
 
         torch.manual_seed(cfg.run.seed)
         rank, world = init_distributed()
+        sharded = world > 1 and cfg.trainer.parallel == "fsdp2"
         source = cfg.model.name_or_path
         ckpt = latest_checkpoint(Path(cfg.run.run_dir)) if resume else None
         model = load_policy(
             str(ckpt) if ckpt else source, dtype=cfg.model.dtype, device="cpu", trainable=True
         )
+        if sharded:
+            from grpo_stream.training.fsdp import shard_model
+
+            shard_model(model)  # before the optimizer, which must hold the DTensor parameters
         tokenizer = load_tokenizer(source)
         ref = None
         if cfg.algo.loss.beta > 0:
@@ -83,14 +93,14 @@ class TrainState:
             optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
         )
         # Under DDP the gradients are already all-reduced (identical on every rank), so the
-        # regularizer's norm must not sum over ranks again.
-        regularizer = GradRegularizer(cfg.algo.regularizer, sharded=world == 1)
+        # regularizer's norm must not sum over ranks again; FSDP2 shards must be summed.
+        regularizer = GradRegularizer(cfg.algo.regularizer, sharded=world == 1 or sharded)
         guard = RollbackGuard(cfg.algo.rollback)
         state = cls(cfg, model, tokenizer, ref, optimizer, scheduler, regularizer, guard)
-        state.world_size, state.rank = world, rank
+        state.world_size, state.rank, state.fsdp = world, rank, sharded
         if ckpt is not None:
             state._load(ckpt)
-        if world > 1:
+        if world > 1 and not sharded:
             from torch.nn.parallel import DistributedDataParallel
 
             # DDP all-reduces gradient buckets asynchronously while backward still runs.
@@ -100,7 +110,12 @@ class TrainState:
 
     def _load(self, path: Path) -> None:
         saved = load_trainer_state(path)
-        self.optimizer.load_state_dict(saved["optimizer"])
+        if self.fsdp:
+            from grpo_stream.training.fsdp import load_optimizer_state
+
+            load_optimizer_state(self.model, self.optimizer, saved["optimizer"])
+        else:
+            self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.regularizer.load_state_dict(saved["regularizer"])
         self.step = int(saved["step"])
@@ -115,12 +130,14 @@ class TrainState:
         )
 
     def checkpoint(self) -> Path | None:
-        """Rank 0 writes the checkpoint; every rank takes a new rollback snapshot."""
+        """Every rank calls this: each takes a new rollback snapshot (of its own shard under
+        FSDP2) and joins gathering the full weights and optimizer state; rank 0 writes."""
         self.guard.snapshot(self.model, self.optimizer, self.regularizer, self.step)
+        weights, optimizer = self._full_state()
         if self.rank != 0:
             return None
         state = {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "regularizer": self.regularizer.state_dict(),
             "step": self.step,
@@ -133,12 +150,29 @@ class TrainState:
             self.tokenizer,
             state,
             self.cfg.trainer.keep_checkpoints,
+            model_state=weights,
         )
         log.info("checkpoint.saved", step=self.step, path=str(path))
         return path
 
+    def _full_state(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+        """(the gathered weights under FSDP2, else None: the model holds them; the optimizer
+        state), unsharded on rank 0."""
+        if not self.fsdp:
+            return None, self.optimizer.state_dict()
+        from grpo_stream.training.fsdp import full_model_state, full_optimizer_state
+
+        return full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.model.state_dict().items()
+        """The full weights to publish. Under FSDP2 this is collective and gathers when called
+        (not when iterated): every rank calls it at the same point, rank 0 gets the tensors
+        and the other ranks nothing."""
+        if self.fsdp:
+            from grpo_stream.training.fsdp import full_model_state
+
+            return iter(full_model_state(self.model).items())
+        return iter(self.model.state_dict().items())
 
     # ----- the update -------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> StepResult:
@@ -182,7 +216,8 @@ class TrainState:
         return int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
 
     def _totals(self, t: Tensors, batch: TrainBatch) -> tuple[float, float]:
-        """Loss normalisers: the whole step's counts, divided by the ranks (DDP averages)."""
+        """Loss normalisers: the whole step's counts, divided by the ranks (DDP and FSDP2
+        average the ranks' gradients)."""
         stats = dict(batch.stats)
         seqs, tokens = loss_totals(t.completion_mask)
         seqs = int(stats.get("num_seqs_total", seqs))
@@ -198,7 +233,8 @@ class TrainState:
         sums: dict[str, float] = {}
         mb = self.cfg.trainer.micro_batch
         starts = list(range(0, t.size, mb))
-        for lo in starts:
+        for i in range(self._passes(len(starts))):
+            lo = starts[min(i, len(starts) - 1)]
             part = t.slice(lo, min(lo + mb, t.size))
             # under DDP, gradients are all-reduced on the last micro-batch only
             last = lo == starts[-1]
@@ -209,6 +245,9 @@ class TrainState:
             )
             with sync:
                 loss, m = self._micro_loss(part, totals, first=lo == 0)
+                if i >= len(starts):  # FSDP2 filler pass (see _passes): no gradient, no metrics
+                    (loss * 0.0).backward()  # type: ignore[no-untyped-call]
+                    continue
                 loss.backward()  # type: ignore[no-untyped-call]
             total = total + loss.detach()
             weight = float(m.get("num_tokens", 0.0))
@@ -220,14 +259,26 @@ class TrainState:
         metrics.setdefault("kl", 0.0)
         return total, metrics
 
+    def _passes(self, micro_batches: int) -> int:
+        """Passes this rank runs. Under FSDP2 each is collective (all-gathers, and a gradient
+        reduce-scatter: accumulating unsharded would need full gradients on every rank), so
+        a rank with fewer micro-batches repeats its last at zero weight to match the rest."""
+        if not self.fsdp:
+            return micro_batches
+        from grpo_stream.training.fsdp import max_over_ranks
+
+        return max_over_ranks(micro_batches)
+
     def _micro_loss(
         self, part: Tensors, totals: tuple[float, float], first: bool
     ) -> tuple[torch.Tensor, dict[str, float]]:
         settings = self.cfg.algo.loss
         model = self.ddp if self.ddp is not None else self.model
-        # one forward per micro-batch under DDP (its reducer expects forward, then backward)
+        # One forward per micro-batch under DDP (its reducer expects forward, then backward)
+        # and FSDP2 (every forward is collective; the ranks' chunk counts could differ).
         width = int(part.input_ids.shape[1])
-        chunk = part.size if self.ddp is not None else settings.chunk_for(width, self._vocab())
+        whole = self.ddp is not None or self.fsdp
+        chunk = part.size if whole else settings.chunk_for(width, self._vocab())
         logp, entropy = token_logprobs(
             model,
             part.input_ids,

@@ -1,5 +1,6 @@
-"""`grpo-stream up` with a two-rank trainer (torchrun, gloo on the CPU) finishes a short run:
-every step has its metrics and the final checkpoint loads with transformers."""
+"""`grpo-stream up` with a two-rank trainer (torchrun, gloo on the CPU; DDP, then FSDP2)
+finishes a short run: every step has its metrics and the final checkpoint loads with
+transformers."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ STEPS = 3
 pytestmark = pytest.mark.slow  # over 20 s: torchrun, two ranks loading the model
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["ddp", "fsdp2"])
+def finished_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     run_dir = tmp_path_factory.mktemp("ranks") / "run"
     # default heartbeats: two trainer ranks on a small shared CPU must not look lost
     sets = ["trainer.ranks=2", "trainer.micro_batch=4", "hub.groups_per_step=4",
-            "generator.group_size=4", "generator.prompts_per_request=4"]  # fmt: skip
+            "generator.group_size=4", "generator.prompts_per_request=4",
+            f"trainer.parallel={request.param}"]  # fmt: skip
     cmd = [sys.executable, "-m", "grpo_stream.cli.main", "up", "--run-dir", str(run_dir),
            "--max-steps", str(STEPS)] + [a for s in sets for a in ("--set", s)]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=280)

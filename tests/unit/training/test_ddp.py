@@ -42,10 +42,11 @@ def _group(gid: int, rng: np.random.Generator) -> Group:
     )
 
 
-def _batches() -> tuple[TrainBatch, list[TrainBatch]]:
-    """The whole step and its per-rank shards, with the totals the hub adds."""
+def _batches(n_groups: int = GROUPS) -> tuple[TrainBatch, list[TrainBatch]]:
+    """The whole step and its per-rank shards (the hub's split), with the totals the hub
+    adds."""
     rng = np.random.default_rng(0)
-    groups = [_group(g, rng) for g in range(GROUPS)]
+    groups = [_group(g, rng) for g in range(n_groups)]
     whole = build_batch(1, groups, 0, {})
     shards = [build_batch(1, groups[r::WORLD], 0, {}) for r in range(WORLD)]
     totals = {
