@@ -205,6 +205,10 @@ class RunConfig(BaseModel):
     def _check(self) -> RunConfig:
         if self.hub.replay.capacity < self.hub.groups_per_step:
             raise ValueError("hub.replay.capacity must be at least hub.groups_per_step")
+        if self.hub.groups_per_step < self.trainer.ranks:
+            # each rank trains its own groups of the step; a rank with none would leave the
+            # others waiting in their collectives
+            raise ValueError("hub.groups_per_step must be at least trainer.ranks")
         return self
 
     def digest(self) -> str:

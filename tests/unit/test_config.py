@@ -46,6 +46,12 @@ def test_invalid_value_names_the_field(override: str, field: str) -> None:
     assert field in str(err.value) and "\n" not in str(err.value)
 
 
+def test_cross_field_check_groups_per_step_vs_ranks() -> None:
+    with pytest.raises(ConfigError, match=r"groups_per_step must be at least trainer\.ranks"):
+        load_config(None, ["hub.groups_per_step=2", "trainer.ranks=4"])
+    assert load_config(None, ["hub.groups_per_step=4", "trainer.ranks=4"]).trainer.ranks == 4
+
+
 def test_cross_field_check_capacity_vs_batch() -> None:
     with pytest.raises(ConfigError, match="capacity"):
         load_config(None, ["hub.groups_per_step=64", "hub.replay.capacity=8"])
