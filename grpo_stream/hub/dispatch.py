@@ -1,15 +1,18 @@
 """Handing work to the services that asked for it (credits), within the staleness gate and
 each generator's share of the work.
 
-Invariants: nothing goes to a peer without credits; what the gate lets out goes first to the
-generators furthest below their share of everything dispatched so far (deficit round robin),
-so over a run each generator's part converges to its share; what is left goes to anyone with
-credits, so no generator idles while prompts are available.
+Invariants: nothing goes to a peer without credits. What the gate lets out goes, a batch at
+a time, to the generator that would finish it first: the smallest (prompts it holds + 1) /
+its share (shares stand for speed: measured tokens/s once reported, else the device score).
+So a generator twice as fast holds, and over a run gets, about twice the prompts; a slower
+one gets work as soon as the faster ones' queues would take longer than it, so no device
+idles while that would help. When the generator that would finish first has no credits
+left, the prompts wait for it (it asks again when it finishes a batch) instead of going to
+a slower one.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -26,23 +29,26 @@ Send = Callable[[bytes, m.Message], object]
 
 
 def allocate(
-    gens: list[Peer], shares: dict[str, float], dispatched: Counter[str], available: int
+    gens: list[Peer], shares: dict[str, float], held: Counter[str], available: int, batch: int
 ) -> dict[str, int]:
-    """How many prompts each generator (by instance) with credits gets out of `available`."""
-    total = sum(dispatched[p.instance] for p in gens) + available
-    need = {p.instance: shares.get(p.instance, 0.0) * total - dispatched[p.instance] for p in gens}
+    """How many of `available` prompts each generator (by instance) gets, in batches of at
+    most `batch` (shortest expected delay; see the module doc). `held`: prompts each holds.
+    Generators that never asked for work (still loading their model) are left out."""
+    ready = [p for p in gens if p.credits > 0 or held[p.instance] > 0]
     out: dict[str, int] = {}
     left = available
-    for peer in sorted(gens, key=lambda p: -need[p.instance]):
-        give = min(peer.credits, max(0, math.ceil(need[peer.instance])), left)
-        if give > 0:
-            out[peer.instance] = give
-            left -= give
-    for peer in gens:  # capacity left: nobody waits while prompts are available
-        give = min(peer.credits - out.get(peer.instance, 0), left)
-        if give > 0:
-            out[peer.instance] = out.get(peer.instance, 0) + give
-            left -= give
+    while left > 0 and ready:
+
+        def delay(p: Peer) -> float:
+            queued = held[p.instance] + out.get(p.instance, 0)
+            return (queued + 1) / max(shares.get(p.instance, 0.0), 1e-9)
+
+        first = min(ready, key=delay)
+        give = min(first.credits - out.get(first.instance, 0), batch, left)
+        if give <= 0:
+            break  # the fastest to finish is full: the rest waits for its next request
+        out[first.instance] = out.get(first.instance, 0) + give
+        left -= give
     return out
 
 
@@ -67,13 +73,15 @@ class Dispatcher:
         self.dispatched: Counter[str] = Counter()  # prompts handed to each generator
 
     def generators(self, now: float) -> None:
-        gens = [p for p in self.registry.of("generator") if p.credits > 0]
-        if not gens:
+        gens = self.registry.of("generator")
+        if not any(p.credits > 0 for p in gens):
             return
         available = len(self.ledger.retry) + self.ledger.capacity()
-        shares = self.shares.shares([p.instance for p in self.registry.of("generator")])
+        shares = self.shares.shares([p.instance for p in gens])
         by_name = {p.instance: p for p in gens}
-        for name, count in allocate(gens, shares, self.dispatched, available).items():
+        batch = self.cfg.generator.prompts_per_request
+        held = self.ledger.held_by()
+        for name, count in allocate(gens, shares, held, available, batch).items():
             peer = by_name[name]
             taken = self.ledger.take_for_generation(peer.instance, count, now)
             if taken is None:

@@ -16,7 +16,7 @@ from grpo_stream.launch.supervisor import ServiceSpec, Supervisor
 pytestmark = pytest.mark.slow
 
 SETTINGS = [
-    "run.max_steps=40",
+    "run.max_steps=120",
     "hub.groups_per_step=8",
     "generator.group_size=4",
     "generator.prompts_per_request=4",

@@ -1,4 +1,5 @@
-"""Dispatch by shares: deficit first, never beyond credits, no idle capacity."""
+"""Dispatch by shares: each batch goes to the generator that would finish it first, never
+beyond credits; over a run each generator's part follows its speed."""
 
 from __future__ import annotations
 
@@ -7,31 +8,62 @@ from collections import Counter
 from grpo_stream.hub.dispatch import allocate
 from grpo_stream.hub.registry import Peer
 
+SHARES = {"fast": 0.75, "slow": 0.25}  # fast is 3x as fast
+
 
 def peer(name: str, credits: int) -> Peer:
     return Peer("generator", name, name.encode(), "h", 1, 0, {}, credits=credits)
 
 
-def test_the_generator_below_its_share_is_served_first() -> None:
+def test_idle_generators_get_work_fast_one_first() -> None:
     fast, slow = peer("fast", 8), peer("slow", 8)
-    got = allocate([fast, slow], {"fast": 0.75, "slow": 0.25}, Counter(fast=30, slow=2), 8)
-    assert got["slow"] >= 6  # slow is owed 0.25 * 40 - 2 = 8
+    assert allocate([fast, slow], SHARES, Counter(), 4, batch=4) == {"fast": 4}
+    # with more to give, the slow one gets a batch once the fast one's queue is long enough
+    got = allocate([fast, slow], SHARES, Counter(), 12, batch=4)
+    assert got == {"fast": 8, "slow": 4}
 
 
-def test_over_a_run_dispatch_follows_the_shares() -> None:
-    fast, slow = peer("fast", 100), peer("slow", 100)
+def test_a_slower_generator_waits_while_the_fast_one_would_finish_sooner() -> None:
+    fast, slow = peer("fast", 0), peer("slow", 8)  # fast is full: it holds 8
+    assert allocate([fast, slow], SHARES, Counter(fast=8), 4, batch=4) == {"slow": 4}
+    fast, slow = peer("fast", 0), peer("slow", 4)  # slow already holds 4: 5/0.25 > 9/0.75
+    assert allocate([fast, slow], SHARES, Counter(fast=8, slow=4), 4, batch=4) == {}
+
+
+def test_never_more_than_credits_or_available() -> None:
+    fast, slow = peer("fast", 3), peer("slow", 1)
+    got = allocate([fast, slow], {"fast": 0.5, "slow": 0.5}, Counter(), 100, batch=4)
+    assert got == {"fast": 3, "slow": 1}
+    assert allocate([peer("a", 5)], {"a": 1.0}, Counter(), 0, batch=4) == {}
+
+
+def test_a_generator_that_never_asked_for_work_is_not_waited_for() -> None:
+    loading, ready = peer("loading", 0), peer("ready", 4)  # loading: no credits, holds nothing
+    got = allocate([loading, ready], {"loading": 0.9, "ready": 0.1}, Counter(), 4, batch=4)
+    assert got == {"ready": 4}
+
+
+def test_an_unknown_device_with_share_zero_still_gets_work_when_alone() -> None:
+    assert allocate([peer("a", 4)], {"a": 0.0}, Counter(), 4, batch=2) == {"a": 4}
+
+
+def test_over_a_run_each_part_follows_the_speed() -> None:
+    """Simulated time: each generator finishes prompts at its speed and asks again; the gate
+    lets out up to 8 prompts per tick. The parts converge to the 3:1 speed ratio."""
+    speed = {"fast": 3.0, "slow": 1.0}  # prompts per tick
+    gens = {name: peer(name, 8) for name in speed}
+    held: Counter[str] = Counter()
     sent: Counter[str] = Counter()
-    for _ in range(200):
-        for p, n in allocate([fast, slow], {"fast": 0.75, "slow": 0.25}, sent, 4).items():
-            sent[p] += n
-    assert abs(sent["fast"] / sent["slow"] - 3.0) < 0.1
-
-
-def test_never_more_than_credits_and_leftover_goes_to_whoever_has_credits() -> None:
-    fast, slow = peer("fast", 10), peer("slow", 1)
-    got = allocate([fast, slow], {"fast": 0.1, "slow": 0.9}, Counter(), 8)
-    assert got["slow"] == 1 and got["fast"] == 7
-
-
-def test_nothing_available_gives_nothing() -> None:
-    assert allocate([peer("a", 5)], {"a": 1.0}, Counter(), 0) == {}
+    progress = {name: 0.0 for name in speed}
+    for _ in range(600):
+        for name, n in allocate(list(gens.values()), SHARES, held, 8, batch=4).items():
+            gens[name].credits -= n
+            held[name] += n
+            sent[name] += n
+        for name, rate in speed.items():  # generate, return credits for finished prompts
+            progress[name] = min(progress[name] + rate, float(held[name]))
+            done = int(progress[name])
+            progress[name] -= done
+            held[name] -= done
+            gens[name].credits += done
+    assert abs(sent["fast"] / sent["slow"] - 3.0) < 0.3, sent
