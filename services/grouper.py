@@ -27,11 +27,12 @@ import numpy as np
 import structlog
 
 from grpo_stream.config import RunConfig
-from grpo_stream.hub.batches import assemble, build_batch, generator_stats, reward_stats
+from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.replay import Group, ReplayBuffer
+from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
 from grpo_stream.protocols import messages as m
@@ -62,7 +63,6 @@ class Grouper:
         )
         self.registry = Registry(cfg.transport.heartbeat_timeout_s)
         self.rollouts: dict[int, m.Rollout] = {}
-        self.pending_batches: deque[tuple[bytes, m.BatchRequest]] = deque()
         self.peers_info: dict[str, Any] = {}
         self.policy_version = 0
         self.recent_rewards: deque[float] = deque(maxlen=1024)
@@ -71,6 +71,7 @@ class Grouper:
         self.dispatcher = Dispatcher(
             cfg, self.ledger, self.registry, self.shares, self.task, self._send
         )
+        self.desk = BatchDesk(hub, self.ledger, self.buffer, self._send, self._batch_stats)
         self.ctx = make_context()
         self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
         self._stop = False
@@ -133,14 +134,12 @@ class Grouper:
                 requeued=n,
             )
             if peer.service == "trainer":
-                self.pending_batches = deque(
-                    (i, r) for i, r in self.pending_batches if i != peer.identity
-                )
+                self.desk.drop(peer.identity)
         expired = self.ledger.expire(now)
         if expired:
             log.warning("lease.expired", groups=expired)
         self._dispatch(now)
-        self._serve_batches()
+        self.desk.serve()
         if now - self._last_ckpt > self.cfg.hub.checkpoint_every_s:
             self._checkpoint()
 
@@ -288,66 +287,24 @@ class Grouper:
             return
         self.policy_version = msg.trainer_version  # follows a restarted trainer back, too
         self.ledger.next_version = msg.trainer_version
-        self.pending_batches.append((peer.identity, msg))
+        self.desk.add(peer.identity, msg)
 
     # ----- work out ---------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
         self.dispatcher.generators(now)
         self.dispatcher.scorers(now, self.rollouts)
 
-    def _serve_batches(self) -> None:
-        """Answer batch requests once enough fresh groups are buffered. With W trainer ranks,
-        the step's groups are split W ways, one shard per rank, sent when all W have asked."""
-        hub = self.cfg.hub
-        while self.pending_batches:
-            _, head = self.pending_batches[0]
-            world = max(1, head.world_size)
-            ranks = {r.rank: ident for ident, r in self.pending_batches if r.step == head.step}
-            if len(ranks) < world:
-                return
-            for g in self.buffer.evict_stale(head.trainer_version, hub.max_staleness):
-                if g.uses == 0:
-                    self.ledger.finish(g.group_id, "stale")
-            if self.buffer.ready(head.trainer_version, hub.max_staleness) < hub.groups_per_step:
-                return
-            self.pending_batches = deque(
-                (i, r) for i, r in self.pending_batches if r.step != head.step
-            )
-            sampled = self.buffer.sample(
-                hub.groups_per_step, head.trainer_version, hub.max_staleness
-            )
-            for g, first in zip(sampled.groups, sampled.first_use, strict=True):
-                if first:
-                    self.ledger.finish(g.group_id, "trained")
-            self.ledger.check_invariant()
-            stats = self._batch_stats(sampled.groups)
-            shards = [
-                build_batch(head.step, sampled.groups[r::world], head.trainer_version, stats)
-                for r in range(world)
-            ]
-            seqs = sum(len(b.advantages) for b in shards)
-            tokens = sum(len(b.behaviour_logprobs) for b in shards)
-            log.info(
-                "batch.sent",
-                step=head.step,
-                trainer_version=head.trainer_version,
-                groups=[g.group_id for g in sampled.groups],
-                sequences=seqs,
-            )
-            for rank, batch in enumerate(shards):
-                batch.stats.update(num_seqs_total=seqs, num_tokens_total=tokens)
-                self.server.send(ranks[rank], batch)
-            self.ledger.next_version = head.trainer_version + 1
-            self.window_rewards = []
-
     def _batch_stats(self, groups: list[Group]) -> dict[str, Any]:
-        return {
+        """A step's statistics; the filtered groups' rewards start a new window."""
+        stats = {
             **{f"groups_{k}": v for k, v in self.ledger.summary().items()},
             **reward_stats(groups, self.window_rewards),
             **generator_stats(self.registry.of("generator")),
             "buffer_size": len(self.buffer),
             "peers_lost": self.registry.lost_total,
         }
+        self.window_rewards = []
+        return stats
 
     def _status(self) -> m.Status:
         counters = {
