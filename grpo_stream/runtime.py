@@ -116,8 +116,12 @@ class HubLink:
         return self.cfg
 
     def introduce(self) -> m.Welcome:
-        """Say Hello (again: to tell the hub new `endpoints`) and wait for its Welcome."""
+        """Say Hello (again: to tell the hub new `endpoints`) and wait for its Welcome. The
+        round trip goes to the hub in every heartbeat (`hub_rtt_s`: the latency term of the
+        device score)."""
+        t0 = time.perf_counter()
         welcome = handshake(self.client, self._hello(), self.transport.handshake_timeout_s)
+        self.stats["hub_rtt_s"] = round(time.perf_counter() - t0, 6)
         self._on_welcome(welcome, answered_hello=True)
         return welcome
 

@@ -156,6 +156,7 @@ class Grouper:
             if known is not None and identity not in (known.identity, _beat_identity(known)):
                 self.server.rejected["beat_spoofed"] += 1  # not that peer's sockets
                 return
+            self.shares.report_latency(msg.instance, msg.stats.get("hub_rtt_s"))
             self.shares.report(msg.instance, msg.stats.get("tokens_per_s"))
             if not self.registry.beat(msg.instance, time.monotonic(), dict(msg.stats)):
                 self.server.rejected["unregistered"] += 1

@@ -1,16 +1,18 @@
 """Generators' shares of the work, from their devices and what they actually deliver.
 
 Each generator's Hello carries its host fingerprint (NVML GPUs or the CPU); its heartbeats
-report tokens/s. The hardware score model (`grpo_stream.hardware.score`) turns fingerprints
-into predicted throughput, is refit from the reports, and `work_shares` turns throughputs
-into shares that sum to 1. The hub lets each generator hold about share x window prompts, so
-a device twice as fast gets about twice the prompts and every generator gets at least one.
-A malformed fingerprint counts as an unknown device; it never fails the hub.
+report tokens/s and its measured hub round trip (the score's latency term). The hardware
+score model (`grpo_stream.hardware.score`) turns fingerprints into predicted throughput, is
+refit from the reports, and `work_shares` turns throughputs into shares that sum to 1. The
+dispatcher (`grpo_stream.hub.dispatch`) treats shares as speeds, so a device twice as fast
+holds and gets about twice the prompts. A malformed fingerprint counts as an unknown device;
+it never fails the hub.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -52,6 +54,14 @@ class ShareBook:
 
     def join(self, instance: str, fingerprint: dict[str, Any]) -> None:
         self.features[instance] = features_of(fingerprint)
+
+    def report_latency(self, instance: str, hub_rtt_s: object) -> None:
+        """A generator's measured hub round trip becomes its latency feature."""
+        if instance not in self.features or not isinstance(hub_rtt_s, (int, float)):
+            return
+        rtt = float(hub_rtt_s)
+        if math.isfinite(rtt) and rtt >= 0:
+            self.features[instance] = replace(self.features[instance], latency_s=rtt)
 
     def report(self, instance: str, tokens_per_s: object) -> None:
         if instance not in self.features or not isinstance(tokens_per_s, (int, float)):

@@ -89,9 +89,10 @@ def _drain(link: HubLink, seconds: float = 1.0) -> None:
         link.recv(timeout_ms=20)
 
 
-def test_connect_counts_one_join(link: HubLink, hub: FakeHub) -> None:
+def test_connect_counts_one_join_and_measures_the_round_trip(link: HubLink, hub: FakeHub) -> None:
     assert link.joins == 1
     assert len(hub.hellos) == 1
+    assert 0 < link.stats["hub_rtt_s"] < 30  # sent to the hub with every heartbeat
 
 
 def test_unasked_welcome_updates_peers_without_a_new_join(link: HubLink, hub: FakeHub) -> None:
