@@ -134,6 +134,16 @@ def hub_events(run_dir: Path, event: str) -> list[dict[str, Any]]:
     return out
 
 
+def weights_address(run_dir: Path) -> str:
+    """The trainer's weight server address, from its `trainer.ready` event."""
+    for path in (run_dir / "logs").glob("trainer-*.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("event") == "trainer.ready":
+                return str(row["weights"])
+    raise AssertionError("no trainer.ready event")
+
+
 def assert_accounting(run_dir: Path, steps: int, groups_per_step: int = 4) -> dict[str, int]:
     counters: dict[str, int] = json.loads((run_dir / "hub" / "counters.json").read_text())
     done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed"))

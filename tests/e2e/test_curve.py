@@ -7,7 +7,6 @@ client, get no answer from either.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import zmq.auth
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import decode, encode
 
-from .conftest import Run, assert_accounting
+from .conftest import Run, assert_accounting, weights_address
 
 pytestmark = pytest.mark.slow
 STEPS = 150  # long enough to stay up while the clients below are refused (3 s each)
@@ -61,15 +60,6 @@ def client_keys(keys_dir: Path) -> dict[str, tuple[bytes, bytes, bytes] | None]:
         "unknown_key": (stranger_public, stranger_secret, server),
         "plaintext": None,
     }
-
-
-def weights_address(run_dir: Path) -> str:
-    for path in (run_dir / "logs").glob("trainer-*.jsonl"):
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            if row.get("event") == "trainer.ready":
-                return str(row["weights"])
-    raise AssertionError("no trainer.ready event")
 
 
 @dataclass

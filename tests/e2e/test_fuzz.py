@@ -31,7 +31,7 @@ from grpo_stream.protocols.codec import ProtocolError, decode, encode
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
-from .conftest import Run, assert_accounting, pid_of, status
+from .conftest import Run, assert_accounting, pid_of, status, weights_address
 
 FUZZ_CASES = 10_000
 STEPS = 60
@@ -202,15 +202,6 @@ def fuzz(address: str, all_cases: list[Case], window: int = 64, timeout_s: float
         ctx.term()
     tally.seconds = time.monotonic() - t0
     return tally
-
-
-def weights_address(run_dir: Path) -> str:
-    for path in (run_dir / "logs").glob("trainer-*.jsonl"):
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            if row.get("event") == "trainer.ready":
-                return str(row["weights"])
-    raise AssertionError("no trainer.ready event")
 
 
 def rejection_lines(run_dir: Path) -> list[dict[str, Any]]:
