@@ -147,8 +147,8 @@ def run_receiver(args: argparse.Namespace) -> None:
     import torch
     import zmq
 
+    from grpo_stream.transport.fetch import WeightsWatcher, fetch_weights
     from grpo_stream.transport.settings import SecuritySettings, TransportSettings
-    from grpo_stream.transport.weights import WeightsWatcher, fetch_weights
 
     torch.set_num_threads(1)
     transport, security = TransportSettings(), SecuritySettings()

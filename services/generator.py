@@ -18,8 +18,8 @@ import structlog
 from grpo_stream.engines import Engine, GroupSample, make_engine
 from grpo_stream.protocols import messages as m
 from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.transport.fetch import WeightsWatcher
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
-from grpo_stream.transport.weights import WeightsWatcher
 
 log = structlog.get_logger()
 
@@ -84,8 +84,6 @@ class Generator:
     def _poll_weights(self) -> None:
         """Follow the trainer's announcements. A new announce address means a restarted
         trainer, whose versions restart from its checkpoint: reload from it in any case."""
-        from grpo_stream.transport.weights import WeightsWatcher
-
         address = self.link.peers.get("announce")
         if address is not None and address != self.watched:
             if self.watcher is not None:

@@ -267,7 +267,7 @@ class HFEngine:
         """Fetch `version` (-1: newest) from the weight server at `address` and apply it."""
         import zmq
 
-        from grpo_stream.transport.weights import fetch_weights
+        from grpo_stream.transport.fetch import fetch_weights
 
         if self._zmq_ctx is None:
             self._zmq_ctx = zmq.Context()

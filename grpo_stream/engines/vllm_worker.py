@@ -48,8 +48,8 @@ class WeightSyncExtension:
         import zmq
 
         from grpo_stream.engines.base import to_torch
+        from grpo_stream.transport.fetch import fetch_weights
         from grpo_stream.transport.settings import SecuritySettings, TransportSettings
-        from grpo_stream.transport.weights import fetch_weights
 
         ctx: zmq.Context[Any] = zmq.Context()
         try:

@@ -288,7 +288,7 @@ class Subscriber(_Endpoint):
     """SUB that connects to an Announcer and receives everything it publishes.
 
     No CONFLATE: libzmq's conflation breaks multipart messages. A reader that wants only the
-    newest announcement drains with `recv(0)` until None (see weights.WeightsWatcher).
+    newest announcement drains with `recv(0)` until None (see fetch.WeightsWatcher).
     Subscriptions take a moment to reach the publisher, so the first announcements after
     connecting can be missed; announcements are hints, never the only way to learn state.
     """

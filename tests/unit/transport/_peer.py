@@ -15,9 +15,9 @@ import numpy as np
 
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols.messages import Hello
+from grpo_stream.transport.fetch import fetch_weights
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
-from grpo_stream.transport.weights import fetch_weights
 
 
 def main(argv: list[str]) -> int:

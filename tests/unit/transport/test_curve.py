@@ -98,7 +98,8 @@ def test_missing_keys_dir_content_raises_named_error(
 def test_weights_fetch_over_curve(ctx: Context, settings: TransportSettings, keys: Path) -> None:
     import torch
 
-    from grpo_stream.transport.weights import WeightServer, fetch_weights
+    from grpo_stream.transport.fetch import fetch_weights
+    from grpo_stream.transport.weights import WeightServer
 
     server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
     server.publish(3, [("w", torch.ones(2, 2))])
@@ -113,7 +114,8 @@ def test_weights_fetch_with_unknown_key_times_out(
     import torch
 
     from grpo_stream.transport.errors import WeightsTimeout
-    from grpo_stream.transport.weights import WeightServer, fetch_weights
+    from grpo_stream.transport.fetch import fetch_weights
+    from grpo_stream.transport.weights import WeightServer
 
     zmq.auth.create_certificates(str(keys), "intruder")
     server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
@@ -129,7 +131,8 @@ def test_announcements_reach_an_allowed_subscriber(
 ) -> None:
     import torch
 
-    from grpo_stream.transport.weights import WeightServer, WeightsWatcher
+    from grpo_stream.transport.fetch import WeightsWatcher
+    from grpo_stream.transport.weights import WeightServer
 
     server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
     watcher = WeightsWatcher(ctx, server.addresses["announce"], settings, _secure(keys))

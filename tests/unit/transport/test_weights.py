@@ -18,9 +18,10 @@ import zmq
 from grpo_stream.protocols.codec import decode, encode, to_torch
 from grpo_stream.protocols.messages import WeightsChunk, WeightsRequest
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
+from grpo_stream.transport.fetch import WeightsWatcher, fetch_weights
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Context, Server
-from grpo_stream.transport.weights import WeightServer, WeightsWatcher, fetch_weights
+from grpo_stream.transport.weights import WeightServer
 
 LOCAL = "tcp://127.0.0.1:0"
 PEER = Path(__file__).with_name("_peer.py")
