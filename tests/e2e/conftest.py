@@ -13,13 +13,17 @@ from typing import Any
 
 import pytest
 
-FAST = [
+SMALL = [
     "--set",
     "hub.groups_per_step=4",
     "--set",
     "generator.group_size=4",
     "--set",
     "generator.prompts_per_request=4",
+]
+"""Small steps: 4 groups of 4 completions."""
+FAST = [
+    *SMALL,
     "--set",
     "transport.heartbeat_interval_s=0.5",
     "--set",
@@ -29,7 +33,9 @@ FAST = [
 ]
 
 
-def up_command(run_dir: Path, steps: int, *extra: str) -> list[str]:
+def up_command(run_dir: Path, steps: int, *extra: str, settings: list[str] = FAST) -> list[str]:
+    """`grpo-stream up` for `steps` steps; `settings` default to small steps with short
+    heartbeat deadlines (FAST)."""
     return [
         sys.executable,
         "-m",
@@ -39,7 +45,7 @@ def up_command(run_dir: Path, steps: int, *extra: str) -> list[str]:
         str(run_dir),
         "--max-steps",
         str(steps),
-        *FAST,
+        *settings,
         *extra,
     ]
 

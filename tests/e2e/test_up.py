@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,29 +11,15 @@ import torch
 
 from grpo_stream.training.metrics import REQUIRED, read_metrics
 
+from .conftest import SMALL, up_command
+
 STEPS = 4
 
 
 def run_up(run_dir: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "grpo_stream.cli.main",
-        "up",
-        "--run-dir",
-        str(run_dir),
-        "--max-steps",
-        str(STEPS),
-        "--set",
-        "hub.groups_per_step=4",
-        "--set",
-        "generator.group_size=4",
-        "--set",
-        "generator.prompts_per_request=4",
-        "--set",
-        "trainer.checkpoint_every=2",
-        *extra,
-    ]
+    """`up` with small steps at the default heartbeat deadlines, a checkpoint every 2 steps."""
+    settings = [*SMALL, "--set", "trainer.checkpoint_every=2"]
+    cmd = up_command(run_dir, STEPS, *extra, settings=settings)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
