@@ -124,9 +124,11 @@ def _run_client(
 def _fingerprint(service: str, throttle: float) -> dict[str, object]:
     """This host's devices for the hub's shares (measured for generators). A throttled test
     generator reports a device `throttle` times slower, as a slower device would be."""
+    from grpo_stream.hardware.cpu_cache import default_cache_path
     from grpo_stream.hardware.fingerprint import fingerprint_host
 
-    data = fingerprint_host(benchmark=service == "generator").to_dict()
+    # measured once per host boot: every generator of a host reports the same device
+    data = fingerprint_host(benchmark=service == "generator", cache=default_cache_path()).to_dict()
     if throttle > 1:
         for device in data.get("devices", []):
             for key in ("fp32_tflops", "tensor_tflops", "memory_bandwidth_gbps"):

@@ -19,6 +19,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_stream.hardware.device import DeviceFingerprint
@@ -86,10 +87,24 @@ def copy_gbps(seconds: float = 0.2) -> float:
     return 2 * COPY_BYTES * calls / elapsed / 1e9
 
 
+@dataclass(frozen=True)
+class CpuRates:
+    """Measured float32 matmul GFLOP/s of one core and copy bandwidth in GB/s."""
+
+    gflops_per_core: float
+    copy_gbps: float
+
+
+def measure(seconds: float) -> CpuRates:
+    """Run both micro-benchmarks now (about 2 x `seconds`)."""
+    return CpuRates(matmul_gflops(seconds), copy_gbps(seconds))
+
+
 def fingerprint_cpu(
-    host: str = "", benchmark: bool = True, seconds: float = 0.2
+    host: str = "", benchmark: bool = True, seconds: float = 0.2, rates: CpuRates | None = None
 ) -> DeviceFingerprint:
-    """The CPU as one device; `benchmark=False` skips the micro-benchmarks (FLOPS unknown)."""
+    """The CPU as one device; `benchmark=False` skips the micro-benchmarks (FLOPS unknown).
+    `rates` are figures measured earlier (grpo_stream.hardware.cpu_cache), else measured now."""
     import psutil
 
     memory = psutil.virtual_memory()
@@ -97,8 +112,9 @@ def fingerprint_cpu(
     measured: dict[str, str] = {}
     gflops = gbps = None
     if benchmark:
-        gflops = matmul_gflops(seconds) * cores
-        gbps = copy_gbps(seconds)
+        rates = rates or measure(seconds)
+        gflops = rates.gflops_per_core * cores
+        gbps = rates.copy_gbps
         measured["fp32_tflops"] = (
             f"float32 {MATMUL_N}x{MATMUL_N} matmul on one core, {seconds} s, x {cores} cores"
         )

@@ -8,6 +8,7 @@ put `.to_dict()` into their Hello.
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -21,21 +22,23 @@ log = structlog.get_logger()
 
 
 def fingerprint_host(
-    benchmark: bool = True, nvml: Any = None, seconds: float = 0.2
+    benchmark: bool = True, nvml: Any = None, seconds: float = 0.2, cache: Path | None = None
 ) -> HostFingerprint:
     """Every device of this host. `nvml` replaces the pynvml module (tests, recordings).
 
-    `benchmark` runs the CPU micro-benchmarks when there is no GPU (about 2 x `seconds`).
+    `benchmark` runs the CPU micro-benchmarks when there is no GPU (about 2 x `seconds`);
+    with a `cache` file they are measured once per boot and shared by every process of the
+    host (grpo_stream.hardware.cpu_cache), so all its generators report the same device.
     """
     host = socket.gethostname()
     try:
         raw = read_nvml(nvml)
     except NvmlUnavailable as exc:
         log.info("fingerprint.cpu", reason=exc.error)
-        return _cpu_host(host, benchmark, seconds, exc.error)
+        return _cpu_host(host, benchmark, seconds, exc.error, cache)
     if not raw["devices"]:
         log.info("fingerprint.cpu", reason="no NVML devices")
-        return _cpu_host(host, benchmark, seconds, "no NVML devices")
+        return _cpu_host(host, benchmark, seconds, "no NVML devices", cache)
     devices = [derive_gpu(d, index=i, host=host) for i, d in enumerate(raw["devices"])]
     unknown = {d.index: sorted(d.raw["errors"]) for d in devices if d.raw and d.raw["errors"]}
     log.info("fingerprint.nvml", devices=len(devices), unanswered=unknown)
@@ -48,6 +51,13 @@ def fingerprint_host(
     )
 
 
-def _cpu_host(host: str, benchmark: bool, seconds: float, why: str) -> HostFingerprint:
-    device = fingerprint_cpu(host=host, benchmark=benchmark, seconds=seconds)
+def _cpu_host(
+    host: str, benchmark: bool, seconds: float, why: str, cache: Path | None
+) -> HostFingerprint:
+    rates = None
+    if benchmark and cache is not None:
+        from grpo_stream.hardware.cpu_cache import host_rates
+
+        rates = host_rates(seconds, cache)
+    device = fingerprint_cpu(host=host, benchmark=benchmark, seconds=seconds, rates=rates)
     return HostFingerprint(hostname=host, source="cpu", devices=[device], nvml_error=why)
