@@ -229,7 +229,8 @@ class Ledger:
         self.leases.clear()
         self.lease_of.clear()
         self.retry = deque(int(g) for g in state["retry"])
-        self.to_score = deque(int(g) for g in state["to_score"])
+        # only groups whose rollout survived can be scored: the others are generated again
+        self.to_score = deque(int(g) for g in state["to_score"] if int(g) in scored)
         self.stage = {}
         for key, stage in state["stage"].items():
             gid = int(key)
@@ -237,7 +238,7 @@ class Ledger:
                 self.stage[gid] = "queued"
                 if gid not in self.retry:
                     self.retry.append(gid)
-            elif stage == "scoring":
+            elif stage in ("to_score", "scoring"):
                 self.stage[gid] = "to_score"
                 if gid not in self.to_score:
                     self.to_score.append(gid)
