@@ -29,6 +29,7 @@ import structlog
 from grpo_stream.config import RunConfig
 from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
 from grpo_stream.hub.dispatch import Dispatcher
+from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.replay import Group, ReplayBuffer
@@ -71,21 +72,28 @@ class Grouper:
         self.dispatcher = Dispatcher(
             cfg, self.ledger, self.registry, self.shares, self.task, self._send
         )
-        self.desk = BatchDesk(hub, self.ledger, self.buffer, self._send, self._batch_stats)
+        self.journal = SendJournal(self.run_dir / "hub" / "sent.journal")
+        self.desk = BatchDesk(
+            hub, self.ledger, self.buffer, self._send, self._batch_stats, self.journal
+        )
         self.ctx = make_context()
         self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
         self._stop = False
         self._last_ckpt = time.monotonic()
         self._state_path = self.run_dir / "hub" / "state.msgpack"
+        self.resumed = resume
         if resume:
             self._restore()
+        else:
+            self.journal.reset()  # a fresh run: what an earlier one sent is not ours
 
     # ----- lifecycle ------------------------------------------------------------------
     def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
         self._stop = True
 
     def serve(self) -> int:
-        """Run until a Shutdown or a signal; returns the exit code."""
+        """Run until a Shutdown or a signal; returns the exit code. An exception propagates
+        (the process exits non-zero and `up` restarts it) without a Shutdown to anyone."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         addr_file = self.run_dir / "hub.addr"
@@ -97,15 +105,20 @@ class Grouper:
             public=self.public_address(),
             run_id=self.run_id,
         )
+        deliberate = False
         try:
             while not self._stop:
                 got = self.server.recv(timeout_ms=50)
                 if got is not None:
                     self._handle(*got)
                 self._tick()
+            deliberate = True
         finally:
-            self._broadcast(m.Shutdown(reason="hub stopping"))
-            self._checkpoint()
+            if deliberate:  # only a deliberate stop ends the run: after a crash the services
+                self._broadcast(m.Shutdown(reason="hub stopping"))  # wait and rejoin
+                self._checkpoint()
+            else:  # the last checkpoint plus the send journal are consistent: keep them
+                log.error("hub.crashed", **self.ledger.summary())
             log.info(
                 "hub.stopped",
                 **self.ledger.summary(),
@@ -140,6 +153,10 @@ class Grouper:
             log.warning("lease.expired", groups=expired)
         self._dispatch(now)
         self.desk.serve()
+        last = self.desk.last
+        fault = self.cfg.hub.fault_raise_at_step
+        if fault is not None and not self.resumed and last is not None and last.step >= fault:
+            raise RuntimeError(f"hub.fault_raise_at_step={fault}: injected hub exception")
         if now - self._last_ckpt > self.cfg.hub.checkpoint_every_s:
             self._checkpoint()
 
@@ -341,21 +358,34 @@ class Grouper:
                 "buffer": self.buffer.state(),
                 "policy_version": self.policy_version,
                 "recent_rewards": list(self.recent_rewards),
+                "desk": self.desk.state(),
             },
         )
+        self.journal.reset()  # the checkpoint covers every record (a crash here: replay skips)
         (self.run_dir / "hub" / "counters.json").write_text(json.dumps(self.ledger.summary()))
 
     def _restore(self) -> None:
         state = load_state(self._state_path)
         if state is None:
             log.info("hub.fresh_start", reason="no checkpoint", path=str(self._state_path))
-            return
-        self.run_id = str(state["run_id"])
-        self.buffer.load_state(state["buffer"])
-        self.ledger.load_state(state["ledger"], scored=set())
-        self.policy_version = int(state["policy_version"])
-        self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
-        log.info("hub.resumed", **self.ledger.summary(), buffer=len(self.buffer))
+        else:
+            self.run_id = str(state["run_id"])
+            self.buffer.load_state(state["buffer"])
+            self.ledger.load_state(state["ledger"], scored=set())
+            self.policy_version = int(state["policy_version"])
+            self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
+            self.desk.load_state(state["desk"])
+        # sends the checkpoint does not cover (all of them if the hub never wrote one)
+        replayed = [r for r in self.journal.read() if r.seq > self.desk.seq]
+        for record in replayed:
+            self.desk.replay(record)
+        self.ledger.check_invariant()
+        log.info(
+            "hub.resumed",
+            **self.ledger.summary(),
+            buffer=len(self.buffer),
+            journal_replayed=len(replayed),
+        )
 
 
 def _beat_identity(peer: Peer) -> bytes:
