@@ -27,6 +27,7 @@ import numpy as np
 import structlog
 
 from grpo_stream.config import RunConfig
+from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.journal import SendJournal
@@ -37,6 +38,7 @@ from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
 from grpo_stream.protocols import messages as m
+from grpo_stream.ratelimit import RateLimit
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
 log = structlog.get_logger()
@@ -79,6 +81,10 @@ class Grouper:
         self.ctx = make_context()
         self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
         self._stop = False
+        self._exit_code = 0
+        self._shutdown_reason = "hub stopping"
+        self._failed_in_row = 0  # groups in a row whose every reward failed
+        self._warn = RateLimit()
         self._last_ckpt = time.monotonic()
         self._state_path = self.run_dir / "hub" / "state.msgpack"
         self.resumed = resume
@@ -115,7 +121,7 @@ class Grouper:
             deliberate = True
         finally:
             if deliberate:  # only a deliberate stop ends the run: after a crash the services
-                self._broadcast(m.Shutdown(reason="hub stopping"))  # wait and rejoin
+                self._broadcast(m.Shutdown(reason=self._shutdown_reason))  # wait and rejoin
                 self._checkpoint()
             else:  # the last checkpoint plus the send journal are consistent: keep them
                 log.error("hub.crashed", **self.ledger.summary())
@@ -129,7 +135,7 @@ class Grouper:
             )
             self.server.close()
             close_context(self.ctx)
-        return 0
+        return self._exit_code
 
     def public_address(self) -> str:
         return self.cfg.hub.public_address or self.server.address
@@ -273,11 +279,14 @@ class Grouper:
         if rollout is None or not self.ledger.accept_scored(msg.group_id):
             return
         for err in msg.errors[:3]:
-            log.warning("reward.error", group_id=msg.group_id, error=err)
+            count = self._warn.allow("reward.error")
+            if count is not None:
+                log.warning("reward.error", group_id=msg.group_id, error=err, count=count)
         finite = [float(r) for r in msg.rewards if np.isfinite(r)]
         self.recent_rewards.extend(finite)
         std = float(np.std(self.recent_rewards, ddof=1)) if len(self.recent_rewards) > 1 else 1.0
         got = assemble(rollout, msg, self.cfg.algo.advantage, std)
+        self._count_failure(msg, got.failed)
         if got.failed:
             self.ledger.finish(msg.group_id, "failed")
         elif got.zero_signal and self.cfg.algo.advantage.filter_zero_signal:
@@ -287,6 +296,28 @@ class Grouper:
             for evicted in self.buffer.add(got.group):
                 if evicted.uses == 0:
                     self.ledger.finish(evicted.group_id, "stale")
+
+    def _count_failure(self, msg: m.Scored, failed: bool) -> None:
+        """Groups whose every reward failed, in a row: past `run.abort_after_failed_groups`
+        the run cannot learn anything, so it stops, with one line naming the reward."""
+        self._failed_in_row = self._failed_in_row + 1 if failed else 0
+        if self._failed_in_row < self.cfg.run.abort_after_failed_groups:
+            return
+        names = list(msg.component_names)
+        comps = np.asarray(msg.components, dtype=np.float32).reshape(len(names), -1)
+        failing = [n for n, row in zip(names, comps, strict=True) if np.isnan(row).all()]
+        last = msg.errors[-1] if msg.errors else "no error reported"
+        self._abort(
+            f"{self._failed_in_row} groups in a row had every reward fail "
+            f"(run.abort_after_failed_groups={self.cfg.run.abort_after_failed_groups}); "
+            f"failing reward(s): {', '.join(failing) or '?'}; last error: {last}"
+        )
+
+    def _abort(self, reason: str) -> None:
+        log.error("run.aborted", error=reason)
+        self._stop = True
+        self._exit_code = EXIT_ABORTED
+        self._shutdown_reason = f"aborted: {reason}"
 
     def _on_batch_request(self, peer: Peer, msg: m.BatchRequest) -> None:
         if (

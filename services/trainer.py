@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from grpo_stream.config import RunConfig
+from grpo_stream.exits import EXIT_HUB_GONE
 from grpo_stream.protocols import messages as m
 from grpo_stream.runtime import HubLink, StopFlag
 from grpo_stream.training.sinks import Sink, make_sinks
@@ -285,4 +286,4 @@ def run_trainer(
     log.info("trainer.finished", completed=completed, step=trainer.state.step)
     if completed or not stop.reason.startswith("hub"):
         return 0  # done, or stopped by a signal (a final checkpoint was written)
-    return 75  # the hub went away before max_steps: not a clean end of the run
+    return EXIT_HUB_GONE  # the hub went away before max_steps: not a clean end of the run

@@ -23,10 +23,10 @@ from types import FrameType
 from typing import Any
 
 from grpo_stream.config import RunConfig
+from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.launch.console import RunConsole
 from grpo_stream.launch.supervisor import Proc, ServiceSpec, Supervisor
 
-EXIT_ABORTED = 3  # the hub stopped a run that cannot make progress: restarting cannot help
 CLEAN_EXIT_GRACE_S = 20.0  # a clean exit not followed by the trainer's end in this long: restart
 
 
