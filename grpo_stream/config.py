@@ -43,9 +43,13 @@ class RunSettings(BaseModel):
     """torch intra-op threads per service process (CPU)."""
     sinks: list[Literal["tensorboard", "wandb"]] = []
     """Metric sinks beside metrics.jsonl (TensorBoard event files, Weights & Biases)."""
-    restarts: int = Field(0, ge=0)
-    """How many times `up` restarts a service that died (trainer and hub resume from their
-    checkpoints; generators and scorers rejoin and get work again)."""
+    restarts: int = Field(3, ge=0)
+    """How many times `up` restarts a service that died or exited when it was not asked to
+    (trainer and hub resume from their checkpoints; generators and scorers rejoin and get
+    work again); 0 makes any such exit end the run."""
+    abort_after_failed_groups: int = Field(200, ge=1)
+    """Consecutive groups whose every reward failed after which the hub stops the run with
+    one line naming the reward and its last error."""
 
 
 class ModelSettings(BaseModel):
@@ -134,6 +138,9 @@ class HubSettings(BaseModel):
     """Seconds between hub checkpoints (buffer, cursor, leases, counters)."""
     replay: ReplaySettings = ReplaySettings()
     """The experience-replay buffer."""
+    fault_raise_at_step: int | None = None
+    """Test hook: the hub raises right after serving this trainer step (only a hub that did
+    not resume, so its restarted self carries on)."""
 
 
 class TrainerSettings(BaseModel):

@@ -232,6 +232,7 @@ class BatchRequest(Message):
     trainer_version: int
     rank: int = 0
     world_size: int = 1
+    attempt: int = 0  # times this step was skipped (rolled back): a new attempt, new groups
 
 
 @dataclass(eq=False)

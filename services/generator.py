@@ -17,11 +17,14 @@ import structlog
 
 from grpo_stream.engines import Engine, GroupSample, make_engine
 from grpo_stream.protocols import messages as m
+from grpo_stream.ratelimit import RateLimit
 from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.transport.errors import TransportError
 from grpo_stream.transport.fetch import WeightsWatcher
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 log = structlog.get_logger()
+FETCH_BACKOFF_MAX_S = 30.0  # longest wait between two tries of a dead weight server
 
 
 class Generator:
@@ -51,6 +54,9 @@ class Generator:
         self.tokens_total = 0
         self.busy_s = 0.0
         self._joins = link.joins
+        self._fetch_failures = 0  # weight fetches failed in a row
+        self._fetch_retry_at = 0.0
+        self._warn = RateLimit()
 
     def serve(self) -> None:
         self.link.send(m.WorkRequest(instance=self.link.instance, credits=2 * self.credits))
@@ -107,11 +113,7 @@ class Generator:
             self._version_joins = self.link.joins
             self.announced = max(self.announced, self.link.policy_version)
         if (self.announced > self.engine.version or self.reload) and "weights" in self.link.peers:
-            self.reload = False
-            t0 = time.perf_counter()
-            version = self.engine.update_from_server(self.link.peers["weights"], -1)
-            self.announced = version  # the server's newest is the truth
-            log.info("weights.applied", version=version, seconds=round(time.perf_counter() - t0, 4))
+            self._fetch_weights()
         now = time.monotonic()
         if self.engine.version >= min_version:
             self._waiting_since = None
@@ -124,6 +126,39 @@ class Generator:
             return True
         self._receive(timeout_ms=20)  # let the trainer publish
         return False
+
+    def _fetch_weights(self) -> None:
+        """Fetch and apply the newest version. A weight server that died or refuses (the
+        trainer crashed after a publish, or is restarting) is retried with exponential
+        backoff, each time at the address the hub last gave: a restarted trainer says Hello
+        with its new endpoints and the hub pushes them to every peer in a Welcome."""
+        now = time.monotonic()
+        if now < self._fetch_retry_at:
+            return
+        address = self.link.peers["weights"]
+        t0 = time.perf_counter()
+        try:
+            version = self.engine.update_from_server(address, -1)
+        except TransportError as exc:
+            self._fetch_failures += 1
+            backoff = min(FETCH_BACKOFF_MAX_S, 2.0 ** (self._fetch_failures - 1))
+            self._fetch_retry_at = time.monotonic() + backoff
+            self.reload = True  # whatever the newest version is once the server is back
+            count = self._warn.allow("weights.fetch_failed")
+            if count is not None:
+                log.warning(
+                    "weights.fetch_failed",
+                    address=address,
+                    error=str(exc),
+                    failures=self._fetch_failures,
+                    retry_in_s=backoff,
+                    count=count,
+                )
+            return
+        self.reload = False
+        self._fetch_failures = 0
+        self.announced = version  # the server's newest is the truth
+        log.info("weights.applied", version=version, seconds=round(time.perf_counter() - t0, 4))
 
     def _generate(self, batch: m.PromptBatch) -> None:
         t0 = time.perf_counter()

@@ -27,8 +27,10 @@ import numpy as np
 import structlog
 
 from grpo_stream.config import RunConfig
+from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
 from grpo_stream.hub.dispatch import Dispatcher
+from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.replay import Group, ReplayBuffer
@@ -36,6 +38,7 @@ from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
 from grpo_stream.protocols import messages as m
+from grpo_stream.ratelimit import RateLimit
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
 log = structlog.get_logger()
@@ -71,21 +74,32 @@ class Grouper:
         self.dispatcher = Dispatcher(
             cfg, self.ledger, self.registry, self.shares, self.task, self._send
         )
-        self.desk = BatchDesk(hub, self.ledger, self.buffer, self._send, self._batch_stats)
+        self.journal = SendJournal(self.run_dir / "hub" / "sent.journal")
+        self.desk = BatchDesk(
+            hub, self.ledger, self.buffer, self._send, self._batch_stats, self.journal
+        )
         self.ctx = make_context()
         self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
         self._stop = False
+        self._exit_code = 0
+        self._shutdown_reason = "hub stopping"
+        self._failed_in_row = 0  # groups in a row whose every reward failed
+        self._warn = RateLimit()
         self._last_ckpt = time.monotonic()
         self._state_path = self.run_dir / "hub" / "state.msgpack"
+        self.resumed = resume
         if resume:
             self._restore()
+        else:
+            self.journal.reset()  # a fresh run: what an earlier one sent is not ours
 
     # ----- lifecycle ------------------------------------------------------------------
     def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
         self._stop = True
 
     def serve(self) -> int:
-        """Run until a Shutdown or a signal; returns the exit code."""
+        """Run until a Shutdown or a signal; returns the exit code. An exception propagates
+        (the process exits non-zero and `up` restarts it) without a Shutdown to anyone."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         addr_file = self.run_dir / "hub.addr"
@@ -97,15 +111,20 @@ class Grouper:
             public=self.public_address(),
             run_id=self.run_id,
         )
+        deliberate = False
         try:
             while not self._stop:
                 got = self.server.recv(timeout_ms=50)
                 if got is not None:
                     self._handle(*got)
                 self._tick()
+            deliberate = True
         finally:
-            self._broadcast(m.Shutdown(reason="hub stopping"))
-            self._checkpoint()
+            if deliberate:  # only a deliberate stop ends the run: after a crash the services
+                self._broadcast(m.Shutdown(reason=self._shutdown_reason))  # wait and rejoin
+                self._checkpoint()
+            else:  # the last checkpoint plus the send journal are consistent: keep them
+                log.error("hub.crashed", **self.ledger.summary())
             log.info(
                 "hub.stopped",
                 **self.ledger.summary(),
@@ -116,7 +135,7 @@ class Grouper:
             )
             self.server.close()
             close_context(self.ctx)
-        return 0
+        return self._exit_code
 
     def public_address(self) -> str:
         return self.cfg.hub.public_address or self.server.address
@@ -140,6 +159,10 @@ class Grouper:
             log.warning("lease.expired", groups=expired)
         self._dispatch(now)
         self.desk.serve()
+        last = self.desk.last
+        fault = self.cfg.hub.fault_raise_at_step
+        if fault is not None and not self.resumed and last is not None and last.step >= fault:
+            raise RuntimeError(f"hub.fault_raise_at_step={fault}: injected hub exception")
         if now - self._last_ckpt > self.cfg.hub.checkpoint_every_s:
             self._checkpoint()
 
@@ -256,11 +279,14 @@ class Grouper:
         if rollout is None or not self.ledger.accept_scored(msg.group_id):
             return
         for err in msg.errors[:3]:
-            log.warning("reward.error", group_id=msg.group_id, error=err)
+            count = self._warn.allow("reward.error")
+            if count is not None:
+                log.warning("reward.error", group_id=msg.group_id, error=err, count=count)
         finite = [float(r) for r in msg.rewards if np.isfinite(r)]
         self.recent_rewards.extend(finite)
         std = float(np.std(self.recent_rewards, ddof=1)) if len(self.recent_rewards) > 1 else 1.0
         got = assemble(rollout, msg, self.cfg.algo.advantage, std)
+        self._count_failure(msg, got.failed)
         if got.failed:
             self.ledger.finish(msg.group_id, "failed")
         elif got.zero_signal and self.cfg.algo.advantage.filter_zero_signal:
@@ -270,6 +296,28 @@ class Grouper:
             for evicted in self.buffer.add(got.group):
                 if evicted.uses == 0:
                     self.ledger.finish(evicted.group_id, "stale")
+
+    def _count_failure(self, msg: m.Scored, failed: bool) -> None:
+        """Groups whose every reward failed, in a row: past `run.abort_after_failed_groups`
+        the run cannot learn anything, so it stops, with one line naming the reward."""
+        self._failed_in_row = self._failed_in_row + 1 if failed else 0
+        if self._failed_in_row < self.cfg.run.abort_after_failed_groups:
+            return
+        names = list(msg.component_names)
+        comps = np.asarray(msg.components, dtype=np.float32).reshape(len(names), -1)
+        failing = [n for n, row in zip(names, comps, strict=True) if np.isnan(row).all()]
+        last = msg.errors[-1] if msg.errors else "no error reported"
+        self._abort(
+            f"{self._failed_in_row} groups in a row had every reward fail "
+            f"(run.abort_after_failed_groups={self.cfg.run.abort_after_failed_groups}); "
+            f"failing reward(s): {', '.join(failing) or '?'}; last error: {last}"
+        )
+
+    def _abort(self, reason: str) -> None:
+        log.error("run.aborted", error=reason)
+        self._stop = True
+        self._exit_code = EXIT_ABORTED
+        self._shutdown_reason = f"aborted: {reason}"
 
     def _on_batch_request(self, peer: Peer, msg: m.BatchRequest) -> None:
         if (
@@ -341,21 +389,34 @@ class Grouper:
                 "buffer": self.buffer.state(),
                 "policy_version": self.policy_version,
                 "recent_rewards": list(self.recent_rewards),
+                "desk": self.desk.state(),
             },
         )
+        self.journal.reset()  # the checkpoint covers every record (a crash here: replay skips)
         (self.run_dir / "hub" / "counters.json").write_text(json.dumps(self.ledger.summary()))
 
     def _restore(self) -> None:
         state = load_state(self._state_path)
         if state is None:
             log.info("hub.fresh_start", reason="no checkpoint", path=str(self._state_path))
-            return
-        self.run_id = str(state["run_id"])
-        self.buffer.load_state(state["buffer"])
-        self.ledger.load_state(state["ledger"], scored=set())
-        self.policy_version = int(state["policy_version"])
-        self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
-        log.info("hub.resumed", **self.ledger.summary(), buffer=len(self.buffer))
+        else:
+            self.run_id = str(state["run_id"])
+            self.buffer.load_state(state["buffer"])
+            self.ledger.load_state(state["ledger"], scored=set())
+            self.policy_version = int(state["policy_version"])
+            self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
+            self.desk.load_state(state["desk"])
+        # sends the checkpoint does not cover (all of them if the hub never wrote one)
+        replayed = [r for r in self.journal.read() if r.seq > self.desk.seq]
+        for record in replayed:
+            self.desk.replay(record)
+        self.ledger.check_invariant()
+        log.info(
+            "hub.resumed",
+            **self.ledger.summary(),
+            buffer=len(self.buffer),
+            journal_replayed=len(replayed),
+        )
 
 
 def _beat_identity(peer: Peer) -> bytes:

@@ -11,6 +11,7 @@ import numpy as np
 import structlog
 
 from grpo_stream.protocols import messages as m
+from grpo_stream.ratelimit import RateLimit
 from grpo_stream.runtime import HubLink, StopFlag
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
@@ -28,6 +29,7 @@ def serve_scorer(link: HubLink, stop: StopFlag) -> None:
     credits = cfg.scorer.groups_per_request
     scored = 0
     joins = link.joins
+    warn = RateLimit()
     with RewardPool(
         specs, cfg.scorer.workers, cfg.scorer.timeout_s, cfg.scorer.memory_limit_mb
     ) as pool:
@@ -42,7 +44,9 @@ def serve_scorer(link: HubLink, stop: StopFlag) -> None:
                 continue
             result = pool.score(msg.prompt, list(msg.completions), dict(msg.reference))
             for err in result.errors:
-                log.warning("reward.failed", group_id=msg.group_id, error=err)
+                count = warn.allow("reward.failed")
+                if count is not None:
+                    log.warning("reward.failed", group_id=msg.group_id, error=err, count=count)
             link.send(
                 m.Scored(
                     lease_id=msg.lease_id,

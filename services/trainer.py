@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from grpo_stream.config import RunConfig
+from grpo_stream.exits import EXIT_HUB_GONE
 from grpo_stream.protocols import messages as m
 from grpo_stream.runtime import HubLink, StopFlag
 from grpo_stream.training.sinks import Sink, make_sinks
@@ -50,6 +51,7 @@ class Trainer:
         self.sinks: list[Sink] = []
         self.wall0 = time.time()
         self.wait_total = 0.0
+        self.attempt = 0  # times the current step was skipped (BatchRequest.attempt)
         self._reporter: subprocess.Popen[bytes] | None = None
         self._next_report = time.monotonic() + 30.0
 
@@ -110,7 +112,10 @@ class Trainer:
             result = self.state.train_step(batch)
             seconds = time.perf_counter() - t0
             if not result.applied:
+                self.attempt += 1  # a new attempt at this step: the hub sends new groups
                 continue
+            self.attempt = 0
+            log.info("batch.trained", step=batch.step, groups=[int(g) for g in batch.group_ids])
             if self.state.version % self.cfg.trainer.publish_every == 0:
                 self.publish()
             if self.metrics is not None:
@@ -120,18 +125,24 @@ class Trainer:
         return self.state.step >= self.cfg.run.max_steps
 
     def _next_batch(self) -> tuple[m.TrainBatch | None, float]:
+        """Ask for this step's batch; ask again (the same request: the hub answers it with
+        the same batch) when the hub restarted or nothing came within a heartbeat deadline."""
         t0 = time.perf_counter()
         joins = self.link.joins
         self.link.send(self._request())
+        asked = time.monotonic()
         while not self.stop.set:
             msg = self.link.recv(timeout_ms=100)
             if isinstance(msg, m.TrainBatch) and msg.step == self.state.step:
                 return msg, time.perf_counter() - t0
             if isinstance(msg, m.TrainBatch):  # an answer to an earlier, repeated request
                 log.warning("batch.discarded", step=msg.step, expected=self.state.step)
-            if self.link.joins != joins:  # the hub restarted: ask again
+            late = time.monotonic() - asked > self.link.transport.heartbeat_timeout_s
+            if self.link.joins != joins or late:  # the hub restarted, or the batch got lost
                 joins = self.link.joins
+                log.info("batch.reasked", step=self.state.step, rejoined=not late)
                 self.link.send(self._request())
+                asked = time.monotonic()
         return None, time.perf_counter() - t0
 
     def _record(
@@ -200,7 +211,11 @@ class Trainer:
     def _request(self) -> m.BatchRequest:
         st = self.state
         return m.BatchRequest(
-            step=st.step, trainer_version=st.version, rank=st.rank, world_size=st.world_size
+            step=st.step,
+            trainer_version=st.version,
+            rank=st.rank,
+            world_size=st.world_size,
+            attempt=self.attempt,
         )
 
     def close(self, completed: bool) -> None:
@@ -271,4 +286,4 @@ def run_trainer(
     log.info("trainer.finished", completed=completed, step=trainer.state.step)
     if completed or not stop.reason.startswith("hub"):
         return 0  # done, or stopped by a signal (a final checkpoint was written)
-    return 75  # the hub went away before max_steps: not a clean end of the run
+    return EXIT_HUB_GONE  # the hub went away before max_steps: not a clean end of the run

@@ -1,7 +1,8 @@
 """The hub's ledger: where every prompt (group) is, who holds it, and the staleness gate.
 
 Invariant (checked by `check_invariant` and the tests): every dispatched group ends exactly
-once as trained, filtered, stale or failed; until then it is in exactly one of the stages
+once as trained, filtered, stale, failed or discarded (trained in steps the trainer later
+discarded by resuming from an older checkpoint); until then it is in exactly one of the stages
 queued (waiting for a generator, e.g. after its holder was lost), generating, to_score,
 scoring, or buffered. So at any moment
 
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Stage = Literal["queued", "generating", "to_score", "scoring", "buffered"]
-TERMINAL = ("trained", "filtered", "stale", "failed")
+Outcome = Literal["trained", "filtered", "stale", "failed", "discarded"]
+TERMINAL = ("trained", "filtered", "stale", "failed", "discarded")
 
 
 @dataclass
@@ -138,9 +140,7 @@ class Ledger:
         self.stage[group_id] = "buffered"
         return True
 
-    def finish(
-        self, group_id: int, outcome: Literal["trained", "filtered", "stale", "failed"]
-    ) -> None:
+    def finish(self, group_id: int, outcome: Outcome) -> None:
         """A group leaves the pipeline for good."""
         if group_id in self.to_score:
             self.to_score.remove(group_id)
@@ -149,6 +149,25 @@ class Ledger:
         self._release(group_id)
         del self.stage[group_id]
         self.counters[outcome] += 1
+
+    def discard_trained(self, n: int) -> None:
+        """`n` trained groups belonged to steps the trainer discarded (it went back to an
+        older checkpoint): they end as discarded instead (see `grpo_stream.hub.serving`)."""
+        self.counters["trained"] -= n
+        self.counters["discarded"] += n
+
+    def replay_trained(self, group_ids: list[int]) -> None:
+        """Groups sent to the trainer after the restored checkpoint was written (from the
+        send journal): they are trained. Dataset indices the checkpoint had not reached were
+        dispatched before the crash: the ones not sent are generated again."""
+        for gid in group_ids:
+            while self.cursor <= gid:
+                self.stage[self.cursor] = "queued"
+                self.retry.append(self.cursor)
+                self.counters["dispatched"] += 1
+                self.cursor += 1
+            if gid in self.stage:
+                self.finish(gid, "trained")
 
     def _release(self, group_id: int) -> None:
         lease_id = self.lease_of.pop(group_id, None)
@@ -229,7 +248,8 @@ class Ledger:
         self.leases.clear()
         self.lease_of.clear()
         self.retry = deque(int(g) for g in state["retry"])
-        self.to_score = deque(int(g) for g in state["to_score"])
+        # only groups whose rollout survived can be scored: the others are generated again
+        self.to_score = deque(int(g) for g in state["to_score"] if int(g) in scored)
         self.stage = {}
         for key, stage in state["stage"].items():
             gid = int(key)
@@ -237,7 +257,7 @@ class Ledger:
                 self.stage[gid] = "queued"
                 if gid not in self.retry:
                     self.retry.append(gid)
-            elif stage == "scoring":
+            elif stage in ("to_score", "scoring"):
                 self.stage[gid] = "to_score"
                 if gid not in self.to_score:
                     self.to_score.append(gid)

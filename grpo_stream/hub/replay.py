@@ -143,6 +143,14 @@ class ReplayBuffer:
         self._groups = [g for g in self._groups if id(g) not in used_up]
         return Sampled(groups=chosen, first_use=first_use, stale=stale)
 
+    def mark_used(self, group_ids: list[int]) -> None:
+        """Count one more use of each group (a send the checkpoint missed, from the journal)."""
+        wanted = set(group_ids)
+        for g in self._groups:
+            if g.group_id in wanted:
+                g.uses += 1
+        self._groups = [g for g in self._groups if g.uses < self.reuse]
+
     def _choose(self, n: int) -> list[Group]:
         if n <= 0:
             return []

@@ -3,7 +3,12 @@
 Ending:
 - the trainer exits 0 after max_steps (final checkpoint written): the others are stopped;
 - Ctrl-C / SIGTERM: the trainer is stopped first (it writes a final checkpoint), then the rest;
-- any service exits unexpectedly: `up` says which, where and why, stops the rest, fails.
+- a service that crashes (non-zero exit) or exits 0 without having been asked to (no end of
+  the run follows within `CLEAN_EXIT_GRACE_S`) is restarted while `run.restarts` lasts;
+- the hub exits with `EXIT_ABORTED` (the run cannot progress: say a reward always fails):
+  `up` says why and fails at once, without restarts;
+- otherwise a service that exits unexpectedly: `up` says which, where and why, stops the
+  rest, fails.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from types import FrameType
 from typing import Any
 
 from grpo_stream.config import RunConfig
+from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.launch.console import RunConsole
 from grpo_stream.launch.supervisor import Proc, ServiceSpec, Supervisor
+
+CLEAN_EXIT_GRACE_S = 20.0  # a clean exit not followed by the trainer's end in this long: restart
 
 
 class LaunchError(RuntimeError):
@@ -117,6 +125,7 @@ class Up:
         self.steps = 0
         self.trainer_done = False
         self._interrupted = False
+        self._clean_exits: list[tuple[Proc, float]] = []  # exited 0: asked to, or not?
         self.place_hub = place_hub  # cluster runs: start the hub through its host's launcher
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -179,16 +188,33 @@ class Up:
                     self.trainer_done = True
             for proc, code in exits:
                 self._on_exit(proc, code)
+            if not self.trainer_done:
+                self._restart_unasked(time.monotonic())
 
     def _on_exit(self, proc: Proc, code: int) -> None:
         spec = proc.spec
-        if code == 0:
-            return  # a clean exit: the trainer finished and the hub told everyone to stop
+        if code == 0:  # the trainer finishing ends the run; anything else is asked to wait
+            self._clean_exits.append((proc, time.monotonic()))
+            return
+        if code == EXIT_ABORTED and spec.service == "grouper":
+            raise LaunchError(f"the hub stopped the run: {_why(proc.tail)}")
+        self._restart(proc, f"exited with code {code}")
+
+    def _restart_unasked(self, now: float) -> None:
+        """Clean exits that no end of the run followed: the service stopped on its own."""
+        due = [p for p, t in self._clean_exits if now - t > CLEAN_EXIT_GRACE_S]
+        self._clean_exits = [(p, t) for p, t in self._clean_exits if p not in due]
+        for proc in due:
+            self._restart(proc, "exited with code 0 without being asked to")
+
+    def _restart(self, proc: Proc, what: str) -> None:
+        spec = proc.spec
         if spec.restarts_left > 0:
             spec.restarts_left -= 1
-            self.console.note(f"{spec.instance} on {spec.host} exited with code {code}; restarting")
+            self.console.note(f"{spec.instance} on {spec.host} {what}; restarting")
             self.sup.start(_restart_argv(spec))
             return
+        code = proc.popen.returncode
         raise LaunchError(
             f"{spec.instance} ({spec.service}) on {spec.host} exited with code {code}: "
             f"{_why(proc.tail)}"

@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from grpo_stream.ratelimit import RateLimit
 from grpo_stream.rewards.sandbox_worker import pack as _pack
 from grpo_stream.rewards.sandbox_worker import unpack as _unpack
 from grpo_stream.rewards.sandbox_worker import worker_main as _worker_main
@@ -130,6 +131,7 @@ class RewardPool:
         self._calls = 0
         self._failures: Counter[str] = Counter()
         self._restarts = 0
+        self._warn = RateLimit()  # one failing reward must not flood the log
 
     # -- lifecycle
 
@@ -328,7 +330,9 @@ class RewardPool:
         self._failures[kind] += 1
         name = self._names[component]
         run.errors.append(f"{name}[{index}]: {cause}")
-        log.warning("reward.failed", component=name, index=index, cause=cause)
+        count = self._warn.allow(f"reward.failed:{name}")
+        if count is not None:
+            log.warning("reward.failed", component=name, index=index, cause=cause, count=count)
 
     # -- processes
 

@@ -31,6 +31,7 @@ import zmq
 
 from grpo_stream.protocols.codec import Limits, ProtocolError, decode, encode
 from grpo_stream.protocols.messages import Error, Hello, Message, Welcome
+from grpo_stream.ratelimit import LOG_EVERY_S, RateLimit
 from grpo_stream.transport.curve import secure_client, secure_server, stop_authenticator
 from grpo_stream.transport.errors import HandshakeRefused as HandshakeRefused
 from grpo_stream.transport.errors import HandshakeTimeout as HandshakeTimeout
@@ -44,9 +45,6 @@ log = structlog.get_logger()
 
 Context = zmq.Context[Any]
 Socket = zmq.Socket[Any]
-
-LOG_EVERY_S = 10.0
-"""A repeated rejection or drop (same code) is logged at most this often, with a count."""
 
 
 def make_context() -> Context:
@@ -67,25 +65,6 @@ class SendStatus(enum.Enum):
     SENT = "sent"
     FULL = "full"  # the peer's queue is at the high-water mark
     UNREACHABLE = "unreachable"  # no connected peer has this identity
-
-
-class _Throttle:
-    """Decides when a repeated event may be logged again; counts the ones held back."""
-
-    def __init__(self, period_s: float = LOG_EVERY_S) -> None:
-        self._period_s = period_s
-        self._last: dict[str, float] = {}
-        self._held: Counter[str] = Counter()
-
-    def allow(self, key: str, now: float) -> int | None:
-        """None to stay quiet; else how many events of `key` were seen since the last log."""
-        self._held[key] += 1
-        last = self._last.get(key)
-        if last is not None and now - last < self._period_s:
-            return None
-        self._last[key] = now
-        count = self._held.pop(key)
-        return count
 
 
 def _peer_name(identity: bytes | None) -> str | None:
@@ -120,7 +99,7 @@ class _Endpoint:
         self._limits = Limits(
             max_message_bytes=settings.max_message_bytes, max_frame_bytes=settings.max_frame_bytes
         )
-        self._throttle = _Throttle()
+        self._throttle = RateLimit(LOG_EVERY_S)
         self.socket: Socket = ctx.socket(socket_type)
         _configure(self.socket, settings)
 

@@ -150,9 +150,32 @@ def weights_address(run_dir: Path) -> str:
     raise AssertionError("no trainer.ready event")
 
 
+def trainer_consumed(run_dir: Path) -> dict[int, list[int]]:
+    """The trainer's own record: the groups of each step it applied (`batch.trained`); a
+    step trained again after a trainer restart replaces the discarded one."""
+    steps: dict[int, list[int]] = {}
+    for path in sorted((run_dir / "logs").glob("trainer-*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("event") == "batch.trained":
+                steps[int(row["step"])] = [int(g) for g in row["groups"]]
+    return steps
+
+
+def assert_exactly_once(run_dir: Path, steps: int) -> None:
+    """No group in two of the trainer's surviving steps, and the hub counted trained exactly
+    the groups the trainer consumed."""
+    consumed = trainer_consumed(run_dir)
+    assert sorted(consumed) == list(range(steps)), sorted(consumed)
+    groups = [g for ids in consumed.values() for g in ids]
+    assert len(groups) == len(set(groups)), "the trainer trained a group twice"
+    counters = json.loads((run_dir / "hub" / "counters.json").read_text())
+    assert counters["trained"] == len(groups), (counters, len(groups))
+
+
 def assert_accounting(run_dir: Path, steps: int, groups_per_step: int = 4) -> dict[str, int]:
     counters: dict[str, int] = json.loads((run_dir / "hub" / "counters.json").read_text())
-    done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed"))
+    done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed", "discarded"))
     assert counters["dispatched"] == done + counters["in_progress"], counters
     sent = [g for e in hub_events(run_dir, "batch.sent") for g in e["groups"]]
     assert len(sent) == len(set(sent)), "a group reached the trainer twice"

@@ -4,13 +4,22 @@ trained twice, and the hub's counters prove it."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import Run, assert_accounting, hub_events, metrics, pid_of, status
+from .conftest import (
+    Run,
+    assert_accounting,
+    assert_exactly_once,
+    hub_events,
+    metrics,
+    pid_of,
+    status,
+)
 
 pytestmark = pytest.mark.slow
 STEPS = 30
@@ -67,6 +76,36 @@ def test_hub_killed_restarts_from_its_checkpoint(tmp_path: Path, background_run:
     assert run.finish() == 0, run.output()[-3000:]
     assert len(hub_events(run.run_dir, "hub.resumed")) == 1
     assert metrics(run.run_dir)[-1]["policy_version"] == STEPS
+    assert_accounting(run.run_dir, STEPS)
+    assert_exactly_once(run.run_dir, STEPS)
+
+
+def test_hub_killed_five_times_at_random_trains_every_group_once(
+    tmp_path: Path, background_run: list[Run]
+) -> None:
+    steps = 60
+    run = Run(tmp_path / "run", steps, "--set", "run.restarts=6")
+    background_run.append(run)
+    rng = random.Random()
+    for kill in range(5):
+        run.wait_steps(6 + kill * 9)
+        time.sleep(rng.uniform(0.0, 2.0))  # anywhere in the hub's 1 s checkpoint cycle
+        os.kill(int(status(run.run_dir)["counters"]["hub_pid"]), signal.SIGKILL)
+    assert run.finish(timeout=420) == 0, run.output()[-3000:]
+    assert len(hub_events(run.run_dir, "hub.resumed")) == 5
+    assert_accounting(run.run_dir, steps)
+    assert_exactly_once(run.run_dir, steps)
+
+
+def test_an_exception_in_the_hub_restarts_it_and_the_run_completes(
+    tmp_path: Path, background_run: list[Run]
+) -> None:
+    run = Run(tmp_path / "run", STEPS, "--set", "hub.fault_raise_at_step=5")
+    background_run.append(run)
+    assert run.finish() == 0, run.output()[-3000:]
+    assert hub_events(run.run_dir, "hub.crashed") and hub_events(run.run_dir, "hub.resumed")
+    assert metrics(run.run_dir)[-1]["policy_version"] == STEPS
+    assert_exactly_once(run.run_dir, STEPS)
 
 
 def test_stopped_generator_is_declared_lost_and_recovers(

@@ -118,3 +118,16 @@ def test_state_round_trip_requeues_leased_groups() -> None:
     assert sorted(restored.retry) == [0, 1, 2]
     assert restored.cursor == 3 and restored.counters["dispatched"] == 3
     restored.check_invariant()
+
+
+def test_restore_without_rollouts_sends_groups_awaiting_a_score_back_to_generation() -> None:
+    ledger = make()
+    ledger.take_for_generation("g0", 3, now=0.0)
+    assert ledger.accept_rollout(0) and ledger.accept_rollout(1)
+    ledger.take_for_scoring("s0", now=0.0)  # group 0 scoring, group 1 waiting for a scorer
+    restored = make()
+    restored.load_state(ledger.state(), scored=set())
+    assert list(restored.to_score) == []  # nothing to score without its rollout
+    assert restored.take_for_scoring("s0", now=0.0) is None
+    assert sorted(restored.retry) == [0, 1, 2]
+    restored.check_invariant()

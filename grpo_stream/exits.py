@@ -1,0 +1,7 @@
+"""Exit codes that tell `up` what a service's end means (0: done, or asked to stop)."""
+
+EXIT_ABORTED = 3
+"""The hub stopped a run that cannot make progress (say, a reward that always fails):
+restarting cannot help, so `up` fails at once with the hub's reason."""
+EXIT_HUB_GONE = 75
+"""A service lost its hub before the run ended: not a clean end; `up` restarts it."""
