@@ -155,7 +155,26 @@ class TrainerSettings(BaseModel):
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up steps, then constant."""
     micro_batch: int = Field(64, ge=1)
-    """Sequences per forward/backward; gradients accumulate over micro-batches."""
+    """Most sequences in one micro-batch (an upper bound beside micro_batch_tokens);
+    gradients accumulate over micro-batches."""
+    micro_batch_tokens: int = Field(16384, ge=1)
+    """Token budget of one micro-batch's forward: rows x row width, padding included. Must
+    hold the longest sequence (prompt + generator.max_tokens)."""
+    packing: bool = True
+    """Pack several sequences into each row, padding-free (position ids restart per sequence,
+    attention stays within each); false right-pads one sequence per row."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them
+    (transformers' activation checkpointing, non-reentrant): less memory, more compute."""
+    dropout: bool = False
+    """Keep the model's dropout active in the training forward; off, the log-probs trained on
+    are those of the deterministic policy that the generators sample."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the policy, reference, optimizer state and batches live: auto is cuda:LOCAL_RANK
+    when CUDA is visible, else cpu."""
+    precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed"] = "auto"
+    """fp32; bf16-mixed (fp32 weights, bf16 autocast); fp16-mixed (fp16 autocast with a
+    gradient scaler: an overflow skips the step). auto: bf16-mixed on GPUs, fp32 on CPU."""
     publish_every: int = Field(1, ge=1)
     """Publish new weights every this many steps."""
     checkpoint_every: int = Field(50, ge=1)
@@ -216,6 +235,12 @@ class RunConfig(BaseModel):
             # each rank trains its own groups of the step; a rank with none would leave the
             # others waiting in their collectives
             raise ValueError("hub.groups_per_step must be at least trainer.ranks")
+        if self.trainer.micro_batch_tokens <= self.generator.max_tokens:
+            raise ValueError(
+                f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must exceed "
+                f"generator.max_tokens ({self.generator.max_tokens}) plus the prompt: it has "
+                "to hold the longest sequence"
+            )
         return self
 
     def digest(self) -> str:

@@ -1,6 +1,8 @@
 """TrainBatch (flat arrays + offsets) to padded tensors for the update.
 
-Sequences are right-padded to the longest one. Position t of `old_logp` holds the
+Sequences are right-padded to the longest one, one per row (the layout the loss reads); a
+micro-batch may also carry its sequences packed several to a row for the forward
+(`Packing`, built by grpo_stream.training.packing). Position t of `old_logp` holds the
 behaviour log-prob of token t (the generator's log p(x_t | x_<t)), so it lines up with
 `token_logprobs`; `completion_mask` is true exactly on completion tokens, never on prompt
 or padding tokens.
@@ -17,6 +19,24 @@ from grpo_stream.protocols.messages import TrainBatch
 
 
 @dataclass
+class Packing:
+    """A micro-batch's sequences packed into rows for the forward."""
+
+    input_ids: torch.Tensor  # (R, W) long, the pad id after a row's last sequence
+    position_ids: torch.Tensor  # (R, W) long, restarting at 0 for each sequence; pads 0
+    completion_mask: torch.Tensor  # (R, W) bool
+    index: torch.Tensor  # (S, T) long: where token t of sequence s sits in the flat (R * W)
+
+    def to(self, device: torch.device | str) -> Packing:
+        return Packing(
+            self.input_ids.to(device),
+            self.position_ids.to(device),
+            self.completion_mask.to(device),
+            self.index.to(device),
+        )
+
+
+@dataclass
 class Tensors:
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) long
@@ -25,10 +45,33 @@ class Tensors:
     advantages: torch.Tensor  # (B,) float32
     rewards: torch.Tensor  # (B,) float32
     versions: torch.Tensor  # (B,) long
+    packing: Packing | None = None  # the same sequences packed for the forward, if packed
 
     @property
     def size(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def forward_shape(self) -> tuple[int, int]:
+        """(rows, width) of the forward: the packed rows when packed, else (B, T)."""
+        ids = self.input_ids if self.packing is None else self.packing.input_ids
+        return int(ids.shape[0]), int(ids.shape[1])
+
+    def trimmed(self) -> Tensors:
+        """All rows, trimmed to the longest sequence among them."""
+        return self.slice(0, self.size)
+
+    def to(self, device: torch.device | str) -> Tensors:
+        return Tensors(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.completion_mask.to(device),
+            self.old_logp.to(device),
+            self.advantages.to(device),
+            self.rewards.to(device),
+            self.versions.to(device),
+            None if self.packing is None else self.packing.to(device),
+        )
 
     def slice(self, lo: int, hi: int) -> Tensors:
         """Rows lo..hi, trimmed to the longest sequence among them."""

@@ -23,7 +23,6 @@ from typing import Any
 import structlog
 import torch
 
-from grpo_stream.algo.logprobs import token_logprobs
 from grpo_stream.algo.loss import grpo_loss, loss_totals
 from grpo_stream.algo.regularizer import GradRegularizer
 from grpo_stream.algo.rollback import RollbackGuard
@@ -36,6 +35,7 @@ from grpo_stream.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from grpo_stream.training.packing import micro_batches, sequence_logprobs
 
 log = structlog.get_logger()
 
@@ -231,21 +231,19 @@ class TrainState:
         totals = self._totals(t, batch)
         total = torch.zeros(())
         sums: dict[str, float] = {}
-        mb = self.cfg.trainer.micro_batch
-        starts = list(range(0, t.size, mb))
-        for i in range(self._passes(len(starts))):
-            lo = starts[min(i, len(starts) - 1)]
-            part = t.slice(lo, min(lo + mb, t.size))
+        parts = self._micro_batches(t)
+        for i in range(self._passes(len(parts))):
+            part = parts[min(i, len(parts) - 1)]
             # under DDP, gradients are all-reduced on the last micro-batch only
-            last = lo == starts[-1]
+            last = i >= len(parts) - 1
             sync = (
                 self.ddp.no_sync()
                 if self.ddp is not None and not last
                 else contextlib.nullcontext()
             )
             with sync:
-                loss, m = self._micro_loss(part, totals, first=lo == 0)
-                if i >= len(starts):  # FSDP2 filler pass (see _passes): no gradient, no metrics
+                loss, m = self._micro_loss(part, totals, first=i == 0)
+                if i >= len(parts):  # FSDP2 filler pass (see _passes): no gradient, no metrics
                     (loss * 0.0).backward()  # type: ignore[no-untyped-call]
                     continue
                 loss.backward()  # type: ignore[no-untyped-call]
@@ -258,6 +256,14 @@ class TrainState:
         metrics = {k: v / max(local_tokens, 1.0) for k, v in sums.items()}
         metrics.setdefault("kl", 0.0)
         return total, metrics
+
+    def _micro_batches(self, t: Tensors) -> list[Tensors]:
+        """The step's token-budget micro-batches, packed or padded (training/packing.py)."""
+        s = self.cfg.trainer
+        impl = str(self.model.config._attn_implementation)
+        return micro_batches(
+            t, s.micro_batch_tokens, s.micro_batch, s.packing, impl, self._pad_id()
+        )
 
     def _passes(self, micro_batches: int) -> int:
         """Passes this rank runs. Under FSDP2 each is collective (all-gathers, and a gradient
@@ -276,17 +282,10 @@ class TrainState:
         model = self.ddp if self.ddp is not None else self.model
         # One forward per micro-batch under DDP (its reducer expects forward, then backward)
         # and FSDP2 (every forward is collective; the ranks' chunk counts could differ).
-        width = int(part.input_ids.shape[1])
+        rows, width = part.forward_shape
         whole = self.ddp is not None or self.fsdp
-        chunk = part.size if whole else settings.chunk_for(width, self._vocab())
-        logp, entropy = token_logprobs(
-            model,
-            part.input_ids,
-            part.attention_mask,
-            part.completion_mask,
-            chunk,
-            self.cfg.generator.temperature,
-        )
+        chunk = rows if whole else settings.chunk_for(width, self._vocab())
+        logp, entropy = sequence_logprobs(model, part, chunk, self.cfg.generator.temperature)
         ref_logp = self._ref_logp(part) if self.ref_model is not None else None
         loss, m = grpo_loss(
             logp,
@@ -307,12 +306,10 @@ class TrainState:
 
     def _ref_logp(self, part: Tensors) -> torch.Tensor:
         with torch.no_grad():
-            ref, _ = token_logprobs(
+            ref, _ = sequence_logprobs(
                 self.ref_model,
-                part.input_ids,
-                part.attention_mask,
-                part.completion_mask,
-                self.cfg.algo.loss.chunk_for(int(part.input_ids.shape[1]), self._vocab()),
+                part,
+                self.cfg.algo.loss.chunk_for(part.forward_shape[1], self._vocab()),
                 self.cfg.generator.temperature,
                 with_entropy=False,
             )

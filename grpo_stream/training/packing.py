@@ -1,0 +1,178 @@
+"""Token-budget micro-batches, with several sequences packed into each row.
+
+A step's sequences (training/batch.py `Tensors`, one sequence per row) are split into
+micro-batches whose forward holds at most `trainer.micro_batch_tokens` token slots (rows x
+row width, padding included) and at most `trainer.micro_batch` sequences.
+
+- packed (`trainer.packing`, the default): sequences are placed first-fit-decreasing into
+  rows of width W. In a row the position ids restart at 0 for each sequence and the forward
+  gets no attention mask: transformers then finds the sequences from the position ids and
+  confines attention to each (a block-diagonal mask for sdpa and eager, varlen kernels for
+  flash-attention). W is the step's longest sequence for sdpa and eager, whose mask is dense
+  (W x W per row), and the whole budget for flash-attention (one flattened row).
+- padded: one sequence per row in batch order, right-padded, with an attention mask.
+
+Invariants:
+- every sequence of the step is in exactly one micro-batch, and each micro-batch keeps its
+  per-sequence tensors ((S, T), the layout the loss reads), so the loss and its gradients
+  equal the padded computation's (tests/unit/training/test_packing.py);
+- the first token of a sequence is never a completion token (a prompt has >= 1 token), so no
+  log-prob is ever read across a sequence boundary inside a row;
+- a sequence longer than the budget is an error naming `trainer.micro_batch_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from grpo_stream.algo.logprobs import token_logprobs
+from grpo_stream.training.batch import Packing, Tensors
+
+Rows = list[list[int]]
+"""Sequence indices per row."""
+
+
+def packing_supported() -> bool:
+    """Whether this transformers builds per-sequence attention from packed position ids
+    (masking_utils, transformers >= 4.53); without it rows hold one sequence each."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return False
+    return hasattr(masking_utils, "find_packed_sequence_indices")
+
+
+def row_width(attn_implementation: str, budget: int, longest: int) -> int:
+    """Packed row width: the whole budget for flash-attention kernels (varlen: the cost of
+    a row is that of its sequences), the longest sequence for dense masks (sdpa, eager)."""
+    return budget if attn_implementation.startswith("flash") else longest
+
+
+def first_fit_rows(lengths: Sequence[int], width: int, per_row: int) -> Rows:
+    """Rows of sequence indices, first-fit decreasing: longest first, each into the first
+    row with room (fill <= width, at most per_row sequences)."""
+    rows: Rows = []
+    fills: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
+        n = lengths[i]
+        for r, fill in enumerate(fills):
+            if fill + n <= width and len(rows[r]) < per_row:
+                rows[r].append(i)
+                fills[r] += n
+                break
+        else:
+            rows.append([i])
+            fills.append(n)
+    return rows
+
+
+def group_rows(rows: Rows, lengths: Sequence[int], budget: int, max_seqs: int) -> list[Rows]:
+    """Consecutive rows into micro-batches of rows x (widest row) <= budget token slots and
+    at most max_seqs sequences."""
+    batches: list[Rows] = []
+    width = seqs = 0
+    for row in rows:
+        fill = sum(lengths[i] for i in row)
+        wide = max(width, fill)
+        if batches and (len(batches[-1]) + 1) * wide <= budget and seqs + len(row) <= max_seqs:
+            batches[-1].append(row)
+            width, seqs = wide, seqs + len(row)
+        else:
+            batches.append([row])
+            width, seqs = fill, len(row)
+    return batches
+
+
+def plan(lengths: Sequence[int], budget: int, max_seqs: int, pack: bool, width: int) -> list[Rows]:
+    """Micro-batches of rows of sequence indices: packed into rows of `width`, or one
+    sequence per row in batch order."""
+    longest = max(lengths, default=0)
+    if longest > budget:
+        raise ValueError(
+            f"a sequence of {longest} tokens does not fit trainer.micro_batch_tokens={budget}"
+        )
+    rows = first_fit_rows(lengths, width, max_seqs) if pack else [[i] for i in range(len(lengths))]
+    return group_rows(rows, lengths, budget, max_seqs)
+
+
+def pack_rows(t: Tensors, rows: Rows, pad_id: int) -> Tensors:
+    """The micro-batch of `rows`: its sequences' tensors (S, T) plus their packed rows."""
+    order = [i for row in rows for i in row]
+    seqs = t.select(torch.tensor(order, dtype=torch.long)).trimmed()
+    lengths = seqs.attention_mask.sum(dim=1).tolist()
+    width = max(sum(lengths[s] for s in range(a, a + len(row))) for a, row in _starts(rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (R, W)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)  # (R, W)
+    comp = torch.zeros((len(rows), width), dtype=torch.bool)  # (R, W)
+    index = torch.zeros(seqs.input_ids.shape, dtype=torch.long)  # (S, T) into R*W
+    for r, (first, row) in enumerate(_starts(rows)):
+        offset = 0
+        for s in range(first, first + len(row)):
+            n = int(lengths[s])
+            ids[r, offset : offset + n] = seqs.input_ids[s, :n]
+            pos[r, offset : offset + n] = torch.arange(n)
+            comp[r, offset : offset + n] = seqs.completion_mask[s, :n]
+            index[s, :n] = r * width + offset + torch.arange(n)
+            offset += n
+    seqs.packing = Packing(ids, pos, comp, index)
+    return seqs
+
+
+def _starts(rows: Rows) -> list[tuple[int, list[int]]]:
+    """(index of the row's first sequence in the micro-batch order, row) per row."""
+    out, first = [], 0
+    for row in rows:
+        out.append((first, row))
+        first += len(row)
+    return out
+
+
+def micro_batches(
+    t: Tensors, budget: int, max_seqs: int, pack: bool, attn_implementation: str, pad_id: int
+) -> list[Tensors]:
+    """The step's micro-batches (see the module docstring)."""
+    lengths = t.attention_mask.sum(dim=1).tolist()
+    pack = pack and packing_supported()
+    width = row_width(attn_implementation, budget, max(lengths, default=0))
+    groups = plan(lengths, budget, max_seqs, pack, width)
+    if not pack:
+        return [t.select(torch.tensor([r[0] for r in g])).trimmed() for g in groups]
+    return [pack_rows(t, g, pad_id) for g in groups]
+
+
+def sequence_logprobs(
+    model: Any, part: Tensors, chunk: int, temperature: float, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token log-probs and entropies (S, T) of a micro-batch's sequences, in its
+    per-sequence layout, whether it runs packed or padded; `chunk` rows per forward."""
+    p = part.packing
+    if p is None:
+        return token_logprobs(
+            model,
+            part.input_ids,
+            part.attention_mask,
+            part.completion_mask,
+            chunk,
+            temperature,
+            with_entropy,
+        )
+    logp, entropy = token_logprobs(
+        model,
+        p.input_ids,
+        None,
+        p.completion_mask,
+        chunk,
+        temperature,
+        with_entropy,
+        position_ids=p.position_ids,
+    )  # (R, W)
+    mask = part.completion_mask
+    return _unpack(logp, p.index, mask), _unpack(entropy, p.index, mask)
+
+
+def _unpack(packed: torch.Tensor, index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(R, W) values -> (S, T) per sequence, 0 outside `mask`."""
+    return torch.where(mask, packed.reshape(-1)[index], 0.0)
