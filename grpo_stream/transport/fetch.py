@@ -221,6 +221,8 @@ class _Link:
             raise
         except (WeightsTimeout, WeightsError) as exc:
             log.warning("weights.relay_failed", relay=redirect.address, reason=str(exc))
+            if self.relay is not None:
+                self.relay.abort()  # our own children go to the trainer too
             request.direct = True
             return self._once(origin, request, replica, stall_s=self.timeout_s)
         if isinstance(got, WeightsRedirect) or got[0] != redirect.version:
