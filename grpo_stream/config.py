@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from grpo_stream.algo.settings import AlgoSettings
 from grpo_stream.hardware.settings import HardwareSettings
 from grpo_stream.tasks.settings import TaskSettings
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 
 DEFAULT_MODEL = "grpo-stream/tiny-arith"
 """Name of the tiny model that ships inside the package (resolved by grpo_stream.models)."""
@@ -222,6 +222,8 @@ class RunConfig(BaseModel):
     """Optimizer, publishing and checkpoints."""
     transport: TransportSettings = TransportSettings()
     """Socket limits and heartbeats."""
+    weights: WeightsSettings = WeightsSettings()
+    """Weight distribution: deltas, relays."""
     security: SecuritySettings = SecuritySettings()
     """CURVE encryption and allow-listed keys."""
     hardware: HardwareSettings = HardwareSettings()

@@ -109,9 +109,13 @@ def _data_examples() -> list[m.Message]:
             names=["embed.weight", "norm.bias", "empty"],
             tensors=[
                 np.arange(6, dtype=np.float32).reshape(2, 3).astype(wire_dtypes()["bfloat16"]),
-                np.array([0.5, -0.5], dtype=np.float16),
+                np.array([40, 181, 47, 253, 0, 1, 2, 3], dtype=np.uint8),  # bytes of a delta
                 np.zeros((0, 4), dtype=np.float32),
             ],
+            base=4,
+            encodings=["raw", "xor_zstd", "raw"],
+            checksums=[1, 18446744073709551615, 3],
+            checksum=12345678901234567890,
         ),
     ]
 
@@ -138,8 +142,9 @@ def _control_examples() -> list[m.Message]:
         m.Heartbeat(instance="gen-0", stats={"tokens_per_s": 1234.5, "busy": True}),
         m.WorkRequest(instance="gen-0", credits=16),
         m.BatchRequest(step=12, trainer_version=4, rank=0, world_size=1),
-        m.WeightsAnnounce(version=5, num_tensors=3, total_bytes=32),
-        m.WeightsRequest(version=-1),
+        m.WeightsAnnounce(version=5, num_tensors=3, total_bytes=32, checksum=42),
+        m.WeightsRequest(version=-1, have=4, relay="tcp://10.0.0.2:5601", direct=False),
+        m.WeightsRedirect(version=5, base=4, address="tcp://10.0.0.2:5601"),
         m.StatusRequest(),
         m.Status(
             services=[{"service": "generator", "instance": "gen-0", "alive": True}],

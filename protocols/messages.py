@@ -260,6 +260,8 @@ class WeightsAnnounce(Message):
     version: int
     num_tensors: int
     total_bytes: int
+    checksum: int = 0
+    """The version's checksum (xxh3-64 of its tensor checksums, `transport.delta`)."""
 
 
 @dataclass(eq=False)
@@ -268,6 +270,12 @@ class WeightsRequest(Message):
 
     KIND: ClassVar[str] = "weights_request"
     version: int
+    have: int = -1
+    """The version the fetcher holds complete (-1: none); the server may send a delta from it."""
+    relay: str | None = None
+    """Where the fetcher serves what it receives to others (None: it does not relay)."""
+    direct: bool = False
+    """Serve from this server, never redirect (a fetcher whose relay failed)."""
 
 
 @dataclass(eq=False)
@@ -280,6 +288,26 @@ class WeightsChunk(Message):
     count: int
     names: list[str]
     tensors: list[Array]
+    base: int = -1
+    """The version the `xor_zstd` tensors are deltas against (-1: every tensor is raw)."""
+    encodings: list[str] = field(default_factory=list)
+    """Per tensor: "raw" (its bytes) or "xor_zstd" (uint8 zstd frame of bits XOR base bits)."""
+    checksums: list[int] = field(default_factory=list)
+    """Per tensor: xxh3-64 of the reconstructed tensor's bytes."""
+    checksum: int = 0
+    """The whole version's checksum (as in WeightsAnnounce), the same in every chunk."""
+
+
+@dataclass(eq=False)
+class WeightsRedirect(Message):
+    """The weight server's answer to a WeightsRequest: fetch this version from a relay."""
+
+    KIND: ClassVar[str] = "weights_redirect"
+    version: int
+    base: int
+    """The `have` the relay is being served with (its stream is a delta from it)."""
+    address: str
+    """The relay's ROUTER endpoint."""
 
 
 @dataclass(eq=False)
@@ -333,6 +361,7 @@ MESSAGES: dict[str, type[Message]] = {
         WeightsAnnounce,
         WeightsRequest,
         WeightsChunk,
+        WeightsRedirect,
         StatusRequest,
         Status,
         Error,

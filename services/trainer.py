@@ -72,6 +72,7 @@ class Trainer:
             self.cfg.trainer.announce_bind or f"tcp://{host}:0",
             self.cfg.transport,
             self.link.security,
+            self.cfg.weights,
         )
         self.publish()
         endpoints = {

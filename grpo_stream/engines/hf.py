@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo_stream.config import ModelSettings
+    from grpo_stream.transport.fetch import Replica
 
 log = structlog.get_logger()
 
@@ -75,6 +76,7 @@ class HFEngine:
         pad = tokenizer.pad_token_id
         self._pad_id = int(pad) if pad is not None else min(self._eos_ids)
         self._zmq_ctx: Any = None
+        self._replica: Replica | None = None  # wire arrays of the version held (delta base)
         # transformers 5 renamed the forward argument past_key_values to cache.
         forward_args = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -264,17 +266,23 @@ class HFEngine:
         )
 
     def update_from_server(self, address: str, version: int) -> int:
-        """Fetch `version` (-1: newest) from the weight server at `address` and apply it."""
+        """Fetch `version` (-1: newest) from the weight server at `address` and apply it.
+
+        The engine keeps the wire arrays of the version it holds (a `Replica`), so the server
+        can send a delta from it; a refused delta is re-fetched in full (see transport.fetch).
+        """
         import zmq
 
-        from grpo_stream.transport.fetch import fetch_weights
+        from grpo_stream.transport.fetch import Replica
 
         if self._zmq_ctx is None:
             self._zmq_ctx = zmq.Context()
-        got, named = fetch_weights(
+        if self._replica is None:
+            self._replica = Replica()
+        got = self._replica.fetch(
             self._zmq_ctx, address, self._transport, self._security, version=version
         )
-        self.load_weights(named, got)
+        self.load_weights(self._replica.named(), got)
         return got
 
     def close(self) -> None:

@@ -25,8 +25,13 @@ import structlog
 if TYPE_CHECKING:
     import torch
 
+    from grpo_stream.transport.fetch import Replica
+
 log = structlog.get_logger()
 
+_REPLICAS: dict[str, Replica] = {}
+"""This worker process's copy of the version it applied last (the base of deltas), by key
+"held" (one per process; created on the first fetch)."""
 TIED_NAME = "lm_head.weight"
 EMBED_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight")
 """Input-embedding names (Qwen2/Llama/Mistral style, GPT style) a tied lm_head follows."""
@@ -48,12 +53,14 @@ class WeightSyncExtension:
         import zmq
 
         from grpo_stream.engines.base import to_torch
-        from grpo_stream.transport.fetch import fetch_weights
         from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
         ctx: zmq.Context[Any] = zmq.Context()
+        from grpo_stream.transport.fetch import Replica
+
+        replica = _REPLICAS.setdefault("held", Replica())  # deltas are sent against it
         try:
-            got, named = fetch_weights(
+            got = replica.fetch(
                 ctx,
                 address,
                 TransportSettings.model_validate(transport),
@@ -62,7 +69,7 @@ class WeightSyncExtension:
             )
         finally:
             ctx.destroy(linger=0)
-        self._apply_weights([(name, to_torch(arr)) for name, arr in named])
+        self._apply_weights([(name, to_torch(arr)) for name, arr in replica.named()])
         return got
 
     def load_weights_file(self, path: str) -> int:

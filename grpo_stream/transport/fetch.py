@@ -1,11 +1,23 @@
 """The generators' side of weight transfer: fetch one whole version from the trainer's
-weight server (`grpo_stream.transport.weights`), and follow its announcements.
+weight server (`grpo_stream.transport.weights`) or a relay it redirects to, and follow the
+trainer's announcements.
 
-Invariants: a fetch returns all tensors of exactly one version, in the server's order, or
-raises (WeightsTimeout naming the address, WeightsError for a refusal or chunks that do not
-form one version); each fetch uses a fresh identity, so no stale reply from an earlier fetch
-reaches it. A fetch that takes longer than a few seconds reports its progress
-(`weights.fetch.progress`: chunks and MiB so far).
+Invariants:
+- A fetch returns all tensors of exactly one version, in the server's order, or raises
+  (WeightsTimeout naming the address, WeightsError for a refusal or chunks that do not form
+  one version). Each fetch uses a fresh identity, so no stale reply reaches it.
+- A `Replica` holds the wire arrays of the version its owner applied last: the base the
+  server's deltas are against. Chunks are applied as they arrive (streaming apply) into a
+  staging dict; every tensor is checked against its checksum, the whole against the
+  version's checksum, and only then does the staging dict replace the replica's (one swap).
+  Peak extra memory: one staging copy of the set (raw tensors are kept as views over the
+  received frames, not copied again).
+- A delta against a base the replica does not hold, a corrupt or truncated zstd frame or a
+  checksum mismatch is refused (`weights.refused`, one error event) and the version is
+  fetched again in full from the trainer's server, never applied half.
+- A relay that stalls for `weights.relay_stall_s` or fails is given up: the version is
+  fetched again directly from the trainer's server (`direct`).
+- A fetch that takes longer than a few seconds reports its progress (`weights.fetch.progress`).
 """
 
 from __future__ import annotations
@@ -14,42 +26,255 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import structlog
 import zmq
 
 from grpo_stream.progress import Wait, long_wait
-from grpo_stream.protocols.messages import Error, WeightsAnnounce, WeightsChunk, WeightsRequest
+from grpo_stream.protocols.messages import (
+    Error,
+    WeightsAnnounce,
+    WeightsChunk,
+    WeightsRedirect,
+    WeightsRequest,
+)
+from grpo_stream.transport.delta import (
+    RAW,
+    XOR_ZSTD,
+    DeltaError,
+    apply_delta,
+    checksum,
+    version_checksum,
+)
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import Client, Context, Subscriber
+
+log = structlog.get_logger()
+
+Arrays = list[tuple[str, np.ndarray[Any, Any]]]
+
+
+class WeightsRefused(WeightsError):
+    """Chunks that must not be applied: wrong base, corrupt delta, checksum mismatch."""
+
+
+class RelaySink(Protocol):
+    """Where a fetcher hands what it receives to serve it on (`transport.relay.Relay`)."""
+
+    address: str
+
+    def expect(self, version: int, base: int) -> None: ...
+    def offer(self, chunk: WeightsChunk) -> None: ...
+    def abort(self) -> None: ...
 
 
 @dataclass
-class _Assembly:
-    """Chunks of one version as they arrive."""
+class _Staging:
+    """One version being reconstructed from its chunks as they arrive."""
 
     version: int
     count: int
-    parts: dict[int, WeightsChunk] = field(default_factory=dict)
+    base: int
+    checksum: int
+    seen: set[int] = field(default_factory=set)
+    parts: dict[int, Arrays] = field(default_factory=dict)
+    checksums: dict[int, list[int]] = field(default_factory=dict)
 
-    def add(self, chunk: WeightsChunk, address: str) -> None:
-        if chunk.version != self.version or chunk.count != self.count:
+    def add(self, chunk: WeightsChunk, replica: Replica, address: str) -> None:
+        if (chunk.version, chunk.count, chunk.base, chunk.checksum) != (
+            self.version, self.count, self.base, self.checksum,
+        ):  # fmt: skip
             raise WeightsError(
-                f"weights from {address}: chunk of version {chunk.version} (count {chunk.count}) "
-                f"inside version {self.version} (count {self.count})"
+                f"weights from {address}: chunk of version {chunk.version} (count "
+                f"{chunk.count}, base {chunk.base}) inside version {self.version} (count "
+                f"{self.count}, base {self.base})"
             )
-        if not 0 <= chunk.index < self.count or chunk.index in self.parts:
+        if not 0 <= chunk.index < self.count or chunk.index in self.seen:
             raise WeightsError(f"weights from {address}: bad or repeated chunk {chunk.index}")
-        self.parts[chunk.index] = chunk
+        n = len(chunk.names)
+        if len(chunk.tensors) != n or len(chunk.checksums) != n or len(chunk.encodings) != n:
+            raise WeightsRefused(f"weights from {address}: chunk {chunk.index} is inconsistent")
+        self.seen.add(chunk.index)
+        self.parts[chunk.index] = [
+            (name, _reconstruct(name, arr, enc, want, replica, self.base))
+            for name, arr, enc, want in zip(
+                chunk.names, chunk.tensors, chunk.encodings, chunk.checksums, strict=True
+            )
+        ]
+        self.checksums[chunk.index] = list(chunk.checksums)
 
-    def tensors(self) -> list[tuple[str, np.ndarray[Any, Any]]]:
-        out: list[tuple[str, np.ndarray[Any, Any]]] = []
-        for index in range(self.count):
-            chunk = self.parts[index]
-            out.extend(zip(chunk.names, chunk.tensors, strict=True))
-        return out
+    def done(self) -> bool:
+        return len(self.seen) == self.count
+
+    def tensors(self) -> Arrays:
+        sums = [c for i in range(self.count) for c in self.checksums[i]]
+        if version_checksum(sums) != self.checksum:
+            raise WeightsRefused(f"version {self.version}: version checksum mismatch")
+        return [item for i in range(self.count) for item in self.parts[i]]
+
+
+def _reconstruct(
+    name: str, arr: np.ndarray[Any, Any], encoding: str, want: int, replica: Replica, base: int
+) -> np.ndarray[Any, Any]:
+    if encoding == RAW:
+        out = arr
+    elif encoding == XOR_ZSTD:
+        held = replica.arrays.get(name) if replica.version == base else None
+        if held is None:
+            raise WeightsRefused(f"{name}: a delta against version {base}, not held here")
+        try:
+            out = apply_delta(held, arr)
+        except DeltaError as exc:
+            raise WeightsRefused(f"{name}: {exc}") from None
+    else:
+        raise WeightsRefused(f"{name}: unknown encoding {encoding!r}")
+    if checksum(out) != want:
+        raise WeightsRefused(f"{name}: checksum mismatch")
+    return out
+
+
+class Replica:
+    """The wire arrays of the version held (the base for deltas), updated whole per version."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.checksum = 0
+        self.arrays: dict[str, np.ndarray[Any, Any]] = {}
+        self.order: list[str] = []
+        self.last_wire_bytes = 0  # tensor bytes received by the last successful fetch
+
+    def named(self) -> Arrays:
+        """The held tensors in the server's order."""
+        return [(name, self.arrays[name]) for name in self.order]
+
+    def fetch(
+        self,
+        ctx: Context,
+        address: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        version: int = -1,
+        timeout_s: float = 60.0,
+        weights: WeightsSettings | None = None,
+        relay: RelaySink | None = None,
+    ) -> int:
+        """Fetch `version` (-1: the newest) as a delta from the held one when the server can,
+        apply it whole, and return the version now held. A refused delta is logged once and
+        fetched again in full from `address`; a failed relay is replaced by `address`."""
+        link = _Link(ctx, settings, security, timeout_s, weights or WeightsSettings(), relay)
+        try:
+            return self._swap(*link.receive(address, version, self))
+        except WeightsRefused as exc:
+            log.error("weights.refused", address=address, held=self.version, reason=str(exc))
+            link.relay = None
+            return self._swap(*link.receive(address, version, self, direct=True, full=True))
+
+    def _swap(self, version: int, total: int, named: Arrays, wire: int) -> int:
+        self.arrays = dict(named)
+        self.order = [name for name, _ in named]
+        self.version, self.checksum, self.last_wire_bytes = version, total, wire
+        return version
+
+
+@dataclass
+class _Link:
+    """One fetch's sockets and settings; follows at most one redirect to a relay."""
+
+    ctx: Context
+    settings: TransportSettings
+    security: SecuritySettings
+    timeout_s: float
+    weights: WeightsSettings
+    relay: RelaySink | None
+
+    def receive(
+        self, origin: str, version: int, replica: Replica, direct: bool = False, full: bool = False
+    ) -> tuple[int, int, Arrays, int]:
+        """(version, version checksum, tensors, wire bytes) from `origin` or its relay
+        (`full`: ask for the whole set, not a delta)."""
+        have = -1 if full else replica.version
+        relay_at = None if self.relay is None else self.relay.address
+        request = WeightsRequest(version=version, have=have, relay=relay_at, direct=direct)
+        try:
+            got = self._once(origin, request, replica, stall_s=self.timeout_s)
+            if isinstance(got, WeightsRedirect):
+                got = self._via_relay(got, origin, request, replica)
+            if isinstance(got, WeightsRedirect):
+                raise WeightsError(f"weights from {origin}: redirected twice")
+            return got
+        except BaseException:
+            if self.relay is not None:
+                self.relay.abort()
+            raise
+
+    def _via_relay(
+        self, redirect: WeightsRedirect, origin: str, request: WeightsRequest, replica: Replica
+    ) -> tuple[int, int, Arrays, int] | WeightsRedirect:
+        """The redirected version from the relay; from `origin` directly if the relay fails."""
+        via = WeightsRequest(version=redirect.version, have=redirect.base, relay=request.relay)
+        try:
+            got = self._once(redirect.address, via, replica, stall_s=self.weights.relay_stall_s)
+        except WeightsRefused:
+            raise
+        except (WeightsTimeout, WeightsError) as exc:
+            log.warning("weights.relay_failed", relay=redirect.address, reason=str(exc))
+            if self.relay is not None:
+                self.relay.abort()  # our own children go to the trainer too
+            request.direct = True
+            return self._once(origin, request, replica, stall_s=self.timeout_s)
+        if isinstance(got, WeightsRedirect) or got[0] != redirect.version:
+            raise WeightsRefused(f"relay {redirect.address} served another version")
+        return got
+
+    def _once(
+        self, address: str, request: WeightsRequest, replica: Replica, stall_s: float
+    ) -> tuple[int, int, Arrays, int] | WeightsRedirect:
+        identity = f"weights-fetch-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # fresh: no stale replies
+        client = Client(self.ctx, address, self.settings, self.security, identity)
+        try:
+            with long_wait("weights.fetch", unit="chunks", address=address) as wait:
+                client.send(request)
+                return self._chunks(client, address, replica, stall_s, wait)
+        finally:
+            client.close()
+
+    def _chunks(
+        self, client: Client, address: str, replica: Replica, stall_s: float, wait: Wait
+    ) -> tuple[int, int, Arrays, int] | WeightsRedirect:
+        deadline = time.monotonic() + self.timeout_s
+        staging: _Staging | None = None
+        received, last = 0, time.monotonic()
+        while staging is None or not staging.done():
+            until = min(deadline, last + stall_s)
+            left_ms = int((until - time.monotonic()) * 1000)
+            msg = client.recv(max(1, left_ms)) if left_ms > 0 else None
+            if msg is None and time.monotonic() >= until:
+                got = 0 if staging is None else len(staging.seen)
+                want = "?" if staging is None else staging.count
+                raise WeightsTimeout(
+                    f"weights from {address}: {got}/{want} chunks within {self.timeout_s:g} s "
+                    f"(or nothing for {stall_s:g} s)"
+                )
+            last = time.monotonic() if msg is not None else last
+            if isinstance(msg, Error):
+                raise WeightsError(f"weights from {address}: {msg.message} ({msg.code})")
+            if isinstance(msg, WeightsRedirect) and staging is None:
+                return msg
+            if isinstance(msg, WeightsChunk):
+                if staging is None:
+                    staging = _Staging(msg.version, msg.count, msg.base, msg.checksum)
+                    if self.relay is not None:
+                        self.relay.expect(msg.version, msg.base)
+                staging.add(msg, replica, address)
+                if self.relay is not None:
+                    self.relay.offer(msg)
+                received += sum(int(t.nbytes) for t in msg.tensors)
+                wait.done, wait.total = len(staging.seen), staging.count
+                wait.fields.update(version=staging.version, mib=round(received / 2**20, 1))
+        return staging.version, staging.checksum, staging.tensors(), received
 
 
 def fetch_weights(
@@ -59,46 +284,15 @@ def fetch_weights(
     security: SecuritySettings,
     version: int = -1,
     timeout_s: float = 60.0,
-) -> tuple[int, list[tuple[str, np.ndarray[Any, Any]]]]:
-    """Request one version (-1: the newest) and return (version, [(name, array)]) in order.
+) -> tuple[int, Arrays]:
+    """Request one version (-1: the newest) in full and return (version, [(name, array)]).
 
     Raises WeightsTimeout (naming the address) when not all chunks arrive in time, WeightsError
     when the server refuses or the chunks do not form exactly one version.
     """
-    identity = f"weights-fetch-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # fresh: no stale replies
-    client = Client(ctx, address, settings, security, identity)
-    try:
-        with long_wait("weights.fetch", unit="chunks", address=address) as wait:
-            return _receive_version(client, address, version, timeout_s, wait)
-    finally:
-        client.close()
-
-
-def _receive_version(
-    client: Client, address: str, version: int, timeout_s: float, wait: Wait
-) -> tuple[int, list[tuple[str, np.ndarray[Any, Any]]]]:
-    client.send(WeightsRequest(version=version))
-    deadline = time.monotonic() + timeout_s
-    assembly: _Assembly | None = None
-    received = 0
-    while assembly is None or len(assembly.parts) < assembly.count:
-        left_ms = int((deadline - time.monotonic()) * 1000)
-        msg = client.recv(max(1, left_ms)) if left_ms > 0 else None
-        if msg is None and time.monotonic() >= deadline:
-            got = 0 if assembly is None else len(assembly.parts)
-            want = "?" if assembly is None else assembly.count
-            raise WeightsTimeout(
-                f"weights from {address}: {got}/{want} chunks within {timeout_s:g} s"
-            )
-        if isinstance(msg, Error):
-            raise WeightsError(f"weights from {address}: {msg.message} ({msg.code})")
-        if isinstance(msg, WeightsChunk):
-            assembly = assembly or _Assembly(msg.version, msg.count)
-            assembly.add(msg, address)
-            received += sum(int(t.nbytes) for t in msg.tensors)
-            wait.done, wait.total = len(assembly.parts), assembly.count
-            wait.fields.update(version=assembly.version, mib=round(received / 2**20, 1))
-    return assembly.version, assembly.tensors()
+    replica = Replica()
+    got = replica.fetch(ctx, address, settings, security, version, timeout_s)
+    return got, replica.named()
 
 
 class WeightsWatcher:

@@ -57,3 +57,24 @@ class SecuritySettings(BaseModel):
         if self.curve and self.keys_dir is None:
             raise ValueError("security.keys_dir is required when security.curve is true")
         return self
+
+
+class WeightsSettings(BaseModel):
+    """How weight versions travel from the trainer to the generators."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    deltas: bool = True
+    """Send a version as XOR+zstd deltas from the version the fetcher holds, when smaller."""
+    delta_window: int = Field(8, ge=1, le=1024)
+    """Versions the server keeps step deltas for: a fetcher holding one of the last this many
+    versions gets a delta (memory: this many compressed step deltas), older ones the full set."""
+    zstd_level: int = Field(3, ge=1, le=19)
+    """zstd compression level of the deltas (3: about 1 GiB/s per core on sparse XORs)."""
+    relay: bool = False
+    """Generators serve what they fetch to others, and the server redirects fetchers to them."""
+    fanout: int = Field(4, ge=1, le=1024)
+    """Children per node of the relay tree: the server streams each version to at most this many
+    fetchers at once per base version, each relay to at most this many."""
+    relay_stall_s: float = Field(5.0, gt=0)
+    """A relay that sends nothing for this long is given up; the fetcher re-fetches direct."""

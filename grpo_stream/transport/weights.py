@@ -3,17 +3,25 @@
 
 Invariants:
 - A version is never half-served. `WeightServer.publish` copies every tensor to contiguous CPU
-  memory, chunks the copy, swaps the finished snapshot in under a lock and only THEN announces
-  WeightsAnnounce on PUB. A fetch in progress keeps streaming the snapshot it started on, even
-  if a newer version is published meanwhile, so a fetched set is always all of one version.
-- Only the newest snapshot is held. A WeightsRequest for version -1, the current version, an
-  older one or a future one is answered with the current snapshot (the fetcher sees which
-  version it got); with nothing published yet the answer is Error(code="no_weights").
+  memory, checksums and chunks the copy, computes the step delta from the previous version,
+  swaps the finished snapshot in under a lock and only THEN announces WeightsAnnounce on PUB.
+  A fetch in progress keeps streaming the chunks it started on, even if a newer version is
+  published meanwhile, so a fetched set is always all of one version.
+- Only the newest snapshot is held in full, plus the step deltas of the last
+  `weights.delta_window` versions (`grpo_stream.transport.versions`). A WeightsRequest is
+  answered with the current version: as deltas from `have` when the server holds a chain
+  from it and deltas are on, else in full; with nothing published yet the answer is
+  Error(code="no_weights").
+- With `weights.relay`, each (version, base) stream is sent directly to at most
+  `weights.fanout` fetchers; later fetchers get WeightsRedirect to a relay (a fetcher that
+  said where it relays) with fewer than `fanout` children, breadth first, so the trainer
+  sends each version O(fanout) times. `direct` requests (a fetcher whose relay failed) are
+  always served here.
 - A tensor that shares storage (same data, offset, shape, strides, dtype) with an earlier one
   (tied embeddings) is sent once, under the earlier name; the receiver's model re-ties it.
 - Chunks go out without copies and without blocking: a peer whose queue is at the HWM is
-  resumed later from where it stopped. Memory: the current snapshot, plus older ones only
-  while some peer is still being streamed one.
+  resumed later from where it stopped. Memory: the current snapshot and the step deltas,
+  plus older chunk sets only while some peer is still being streamed one.
 - The ROUTER lives in a background thread that creates it; the PUB socket is used only by
   `publish` (serialised by a lock).
 """
@@ -24,28 +32,30 @@ import contextvars
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
 
-from grpo_stream.protocols.codec import encode
 from grpo_stream.protocols.messages import (
     Error,
     Message,
     WeightsAnnounce,
     WeightsChunk,
+    WeightsRedirect,
     WeightsRequest,
 )
+from grpo_stream.transport.delta import RAW, checksum, version_checksum
 from grpo_stream.transport.errors import TransportError, WeightsError
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import (
     Announcer,
     Context,
     SendStatus,
     Server,
 )
+from grpo_stream.transport.versions import DeltaHistory, Payload, Snapshot, make_chunks
 
 if TYPE_CHECKING:
     import torch
@@ -58,22 +68,12 @@ BUSY_POLL_MS = 5
 """Receive timeout while some peer's stream waits for room under its HWM."""
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """One complete weights version, chunked and ready to send."""
-
-    version: int
-    chunks: tuple[WeightsChunk, ...]
-    num_tensors: int
-    total_bytes: int
-    aliases: dict[str, str] = field(default_factory=dict)  # skipped name -> name sent
-
-
 @dataclass
 class _Stream:
-    """Where one peer's transfer stands; it keeps its snapshot alive until done."""
+    """Where one peer's transfer stands; it keeps its chunks alive until done."""
 
-    snapshot: Snapshot
+    chunks: tuple[WeightsChunk, ...]
+    version: int
     next_index: int = 0
 
 
@@ -115,25 +115,12 @@ def snapshot_arrays(
     return arrays, aliases
 
 
-def _chunk_bounds(sizes: list[int], chunk_bytes: int) -> list[tuple[int, int]]:
-    """Greedy [start, end) ranges of about chunk_bytes; at least one (possibly empty) range."""
-    bounds: list[tuple[int, int]] = []
-    start, acc = 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and acc + size > chunk_bytes:
-            bounds.append((start, i))
-            start, acc = i, 0
-        acc += size
-    bounds.append((start, len(sizes)))
-    return bounds
-
-
 def build_snapshot(
     version: int,
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     settings: TransportSettings,
 ) -> Snapshot:
-    """Copy, de-alias, chunk and size-check one version (raises WeightsError if too large)."""
+    """Copy, de-alias, checksum, chunk and size-check one version (WeightsError: too large)."""
     arrays, aliases = snapshot_arrays(named_tensors)
     for name, arr in arrays:
         if arr.nbytes > settings.max_frame_bytes:
@@ -141,27 +128,42 @@ def build_snapshot(
                 f"tensor {name} has {arr.nbytes} bytes, over transport.max_frame_bytes="
                 f"{settings.max_frame_bytes}; raise it on every service"
             )
-    bounds = _chunk_bounds([a.nbytes for _, a in arrays], settings.weights_chunk_bytes)
-    chunks = []
-    for index, (lo, hi) in enumerate(bounds):
-        part = arrays[lo:hi]
-        chunk = WeightsChunk(
-            version=version, index=index, count=len(bounds),
-            names=[n for n, _ in part], tensors=[a for _, a in part],
-        )  # fmt: skip
-        size = sum(memoryview(f).nbytes for f in encode(chunk))
-        if size > settings.max_message_bytes:
-            raise WeightsError(
-                f"weights chunk {index} of version {version} has {size} bytes, over "
-                f"transport.max_message_bytes={settings.max_message_bytes}"
-            )
-        chunks.append(chunk)
-    total = sum(a.nbytes for _, a in arrays)
-    return Snapshot(version, tuple(chunks), len(arrays), total, aliases)
+    checksums = tuple(checksum(a) for _, a in arrays)
+    total = version_checksum(list(checksums))
+    payloads = [Payload(name, arr, RAW) for name, arr in arrays]
+    chunks = make_chunks(version, -1, payloads, checksums, total, settings)
+    nbytes = sum(a.nbytes for _, a in arrays)
+    return Snapshot(version, chunks, len(arrays), nbytes, aliases, arrays, checksums, total)
+
+
+class _Tree:
+    """Who streams version v with base b to whom: the server and relays, `fanout` each."""
+
+    def __init__(self, fanout: int) -> None:
+        self.fanout = fanout
+        self.direct = 0
+        self.relays: list[tuple[str, int]] = []  # (address, children), in join order
+
+    def place(self, relay: str | None) -> str | None:
+        """The relay address a new fetcher should use (None: this server serves it)."""
+        parent: str | None = None
+        if self.direct < self.fanout:
+            self.direct += 1
+        else:
+            for i, (address, children) in enumerate(self.relays):
+                if children < self.fanout and address != relay:
+                    self.relays[i] = (address, children + 1)
+                    parent = address
+                    break
+            else:
+                self.direct += 1  # no relay has room: the server serves it
+        if relay is not None and all(a != relay for a, _ in self.relays):
+            self.relays.append((relay, 0))
+        return parent
 
 
 class WeightServer:
-    """Serves the newest weights snapshot on a ROUTER and announces versions on a PUB."""
+    """Serves the newest weights version (full or as deltas) on a ROUTER, announces on a PUB."""
 
     def __init__(
         self,
@@ -170,18 +172,24 @@ class WeightServer:
         bind_pub: str,
         settings: TransportSettings,
         security: SecuritySettings,
+        weights: WeightsSettings | None = None,
     ) -> None:
         self._ctx = ctx
         self._settings = settings
         self._security = security
+        self._weights = weights or WeightsSettings()
+        self._history = DeltaHistory(self._weights.delta_window, self._weights.zstd_level, settings)
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()
         self._current: Snapshot | None = None
+        self._trees: dict[tuple[int, int], _Tree] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._router_address = ""
         self._failure: BaseException | None = None
-        self.served = 0  # complete snapshots streamed (read for stats)
+        self.served = 0  # complete version streams sent (read for stats)
+        self.sent_bytes = 0  # tensor bytes of the streams started (read for stats)
+        self.redirects = 0  # fetchers sent to a relay (read for stats)
         self._announcer = Announcer(ctx, bind_pub, settings, security, "weights-announce")
         self._thread = threading.Thread(  # keeps the caller's bound log fields
             target=contextvars.copy_context().run,
@@ -208,26 +216,43 @@ class WeightServer:
         with self._lock:
             return None if self._current is None else self._current.version
 
+    def delta_bytes(self, have: int) -> int | None:
+        """Tensor bytes of the delta from `have` to the current version (None: no delta)."""
+        with self._lock:
+            current = self._current
+            if current is None or not self._weights.deltas:
+                return None
+            chunks = self._history.chunks_from(have, current)
+        return None if chunks is None else sum(int(t.nbytes) for c in chunks for t in c.tensors)
+
     def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Snapshot:
-        """Snapshot the tensors, serve the snapshot, then announce it."""
+        """Snapshot the tensors, compute the step delta, serve the version, then announce it."""
         if not self._thread.is_alive():
             raise WeightsError(f"weight server thread stopped: {self._failure}")
         t0 = time.perf_counter()
         snapshot = build_snapshot(version, named_tensors, self._settings)
+        t_snap = time.perf_counter()
         with self._publish_lock:
             with self._lock:
+                prev = self._current
+            if self._weights.deltas:
+                self._history.record(prev, snapshot)
+            with self._lock:
                 self._current = snapshot
+                self._trees.clear()
             self._announcer.publish(
                 WeightsAnnounce(
                     version=version,
                     num_tensors=snapshot.num_tensors,
                     total_bytes=snapshot.total_bytes,
+                    checksum=snapshot.checksum,
                 )
             )
         log.info(
             "weights.published", version=version, tensors=snapshot.num_tensors,
             mb=round(snapshot.total_bytes / 2**20, 3), chunks=len(snapshot.chunks),
-            tied_skipped=sorted(snapshot.aliases), ms=round((time.perf_counter() - t0) * 1e3, 1),
+            tied_skipped=sorted(snapshot.aliases), snapshot_ms=round((t_snap - t0) * 1e3, 1),
+            ms=round((time.perf_counter() - t0) * 1e3, 1),
         )  # fmt: skip
         return snapshot
 
@@ -270,24 +295,39 @@ class WeightServer:
             return
         with self._lock:
             current = self._current
-        if current is None:
-            server.send(peer, Error(code="no_weights", message="no weights published yet"))
-            return
+            if current is None:
+                server.send(peer, Error(code="no_weights", message="no weights published yet"))
+                return
+            chunks = None
+            if self._weights.deltas and msg.have >= 0:
+                chunks = self._history.chunks_from(msg.have, current)
+        base = msg.have if chunks is not None else -1
         if msg.version not in (-1, current.version):
             log.info("weights.request_redirected", asked=msg.version, serving=current.version)
-        streams[peer] = _Stream(current)  # a repeated request restarts that peer's stream
+        if self._weights.relay and not msg.direct:
+            tree = self._trees.setdefault((current.version, base), _Tree(self._weights.fanout))
+            parent = tree.place(msg.relay)
+            if parent is not None:
+                self.redirects += 1
+                server.send(
+                    peer, WeightsRedirect(version=current.version, base=base, address=parent)
+                )
+                return
+        stream = _Stream(chunks if chunks is not None else current.chunks, current.version)
+        self.sent_bytes += sum(int(t.nbytes) for c in stream.chunks for t in c.tensors)
+        streams[peer] = stream  # a repeated request restarts that peer's stream
 
     def _pump(self, server: Server, streams: dict[bytes, _Stream]) -> None:
         """Queue as many pending chunks as each peer's HWM allows."""
         for peer in list(streams):
             stream = streams[peer]
-            chunks = stream.snapshot.chunks
+            chunks = stream.chunks
             while stream.next_index < len(chunks):
                 status = server.try_send(peer, chunks[stream.next_index])
                 if status is SendStatus.FULL:
                     break
                 if status is SendStatus.UNREACHABLE:
-                    log.info("weights.peer_gone", version=stream.snapshot.version)
+                    log.info("weights.peer_gone", version=stream.version)
                     del streams[peer]
                     break
                 stream.next_index += 1

@@ -1,0 +1,176 @@
+"""A generator's relay: it serves the weights stream it is receiving to other fetchers, chunk
+by chunk as the chunks arrive (pipelined), on its own ROUTER.
+
+The trainer's server places fetchers in a tree (`weights.fanout` children per node, see
+`grpo_stream.transport.weights`) and redirects later fetchers here with WeightsRedirect.
+
+Invariants:
+- A relay serves exactly the stream (version, base) its owner is receiving or last received
+  whole, the chunk messages unchanged (same checksums), so a child checks them exactly as it
+  would the trainer's. A request for anything else gets Error(code="not_relaying").
+- When its owner's fetch fails (`abort`), every child being served gets
+  Error(code="relay_failed") and fetches directly from the trainer; a relay that dies simply
+  stops sending, and its children give up after `weights.relay_stall_s`.
+- CURVE: the ROUTER is secured like every binding socket (`security`).
+- The ROUTER lives in a background thread that creates it; `expect`/`offer`/`abort` are
+  called from the owner's thread and only touch state under a lock.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from grpo_stream.protocols.messages import Error, WeightsChunk, WeightsRequest
+from grpo_stream.transport.errors import TransportError
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.sockets import Context, SendStatus, Server
+
+log = structlog.get_logger()
+
+IDLE_POLL_MS = 100
+BUSY_POLL_MS = 2
+
+
+@dataclass
+class _Feed:
+    """The stream being relayed: chunks in arrival order (index order is not assumed)."""
+
+    version: int
+    base: int
+    chunks: list[WeightsChunk] = field(default_factory=list)
+    failed: bool = False
+
+
+@dataclass
+class _Child:
+    feed: _Feed
+    sent: int = 0
+
+
+class Relay:
+    """Serves its owner's incoming weights stream to children (see module docstring)."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        bind: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        wait_s: float = 5.0,
+    ) -> None:
+        self._ctx = ctx
+        self._wait_s = wait_s
+        self._settings = settings
+        self._security = security
+        self._lock = threading.Lock()
+        self._feed: _Feed | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self.address = ""
+        self.served = 0  # complete streams relayed (read for stats)
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._run, bind),
+            name="weight-relay", daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+        if not self._ready.wait(timeout=30.0) or self._failure is not None:
+            self._stop.set()
+            raise TransportError(f"weight relay failed to start: {self._failure}")
+
+    def expect(self, version: int, base: int) -> None:
+        """The owner starts receiving (version, base): children may ask for it now."""
+        with self._lock:
+            self._feed = _Feed(version, base)
+
+    def offer(self, chunk: WeightsChunk) -> None:
+        """One more chunk of the stream announced by `expect`."""
+        with self._lock:
+            if self._feed is not None and chunk.version == self._feed.version:
+                self._feed.chunks.append(chunk)
+
+    def abort(self) -> None:
+        """The owner's fetch failed: children are told to go to the trainer."""
+        with self._lock:
+            if self._feed is not None:
+                self._feed.failed = True
+            self._feed = None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10.0)
+
+    def _run(self, bind: str) -> None:
+        try:
+            server = Server(self._ctx, bind, self._settings, self._security, "weights-relay")
+        except Exception as exc:
+            self._failure = exc
+            self._ready.set()
+            return
+        self.address = server.address
+        self._ready.set()
+        children: dict[bytes, _Child] = {}
+        pending: dict[bytes, tuple[WeightsRequest, float]] = {}
+        try:
+            while not self._stop.is_set():
+                got = server.recv(BUSY_POLL_MS if children or pending else IDLE_POLL_MS)
+                if got is not None:
+                    peer, msg = got
+                    pending.pop(peer, None)
+                    if isinstance(msg, WeightsRequest):
+                        pending[peer] = (msg, time.monotonic() + self._wait_s)
+                    else:
+                        server.send(peer, Error(code="unexpected", message=f"{msg.KIND} here"))
+                self._admit(server, children, pending)
+                self._pump(server, children)
+        except Exception:
+            log.exception("weights.relay_failed_serving")
+        finally:
+            server.close()
+
+    def _admit(
+        self,
+        server: Server,
+        children: dict[bytes, _Child],
+        pending: dict[bytes, tuple[WeightsRequest, float]],
+    ) -> None:
+        """Start children whose stream is here; a child may ask before its first chunk came
+        (it is redirected as soon as this relay asked): it waits up to `wait_s`."""
+        with self._lock:
+            feed = self._feed
+        now = time.monotonic()
+        for peer, (msg, until) in list(pending.items()):
+            if feed is not None and (feed.version, feed.base) == (msg.version, msg.have):
+                children[peer] = _Child(feed)
+                del pending[peer]
+            elif now >= until or (feed is not None and feed.version > msg.version):
+                held = None if feed is None else (feed.version, feed.base)
+                server.send(peer, Error(code="not_relaying", message=f"relaying {held}"))
+                del pending[peer]
+
+    def _pump(self, server: Server, children: dict[bytes, _Child]) -> None:
+        for peer in list(children):
+            child = children[peer]
+            with self._lock:
+                ready = list(child.feed.chunks[child.sent :])
+                failed = child.feed.failed
+            if failed:
+                server.send(peer, Error(code="relay_failed", message="the relay's fetch failed"))
+                del children[peer]
+                continue
+            for chunk in ready:
+                status = server.try_send(peer, chunk)
+                if status is SendStatus.FULL:
+                    break
+                if status is SendStatus.UNREACHABLE:
+                    del children[peer]
+                    break
+                child.sent += 1
+            if peer in children and ready and child.sent == ready[0].count:
+                del children[peer]
+                self.served += 1

@@ -1,0 +1,168 @@
+"""What the weight server holds per version: the full snapshot, and the step deltas of the
+last `weights.delta_window` versions from which it builds the delta a fetcher needs.
+
+Invariants:
+- A `Snapshot` is immutable once built; its chunks and arrays are shared by every stream.
+- `DeltaHistory` holds, per recorded step a -> b, one zstd XOR payload per tensor (None where
+  the tensor changed dtype/shape/name or its delta was not smaller than the tensor): bounded
+  by `delta_window` steps, each a fraction of the full size at small learning rates.
+- The delta chunks for a base b are the composition of the steps b -> ... -> current; a
+  tensor with a missing step travels raw. They are built once per base and version (cached
+  until the next publish) and carry the same per-tensor checksums as the full snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from grpo_stream.protocols.codec import encode
+from grpo_stream.protocols.messages import WeightsChunk
+from grpo_stream.transport.delta import RAW, XOR_ZSTD, compose, encode_delta
+from grpo_stream.transport.errors import WeightsError
+from grpo_stream.transport.settings import TransportSettings
+
+Arrays = list[tuple[str, np.ndarray[Any, Any]]]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One complete weights version, chunked and ready to send."""
+
+    version: int
+    chunks: tuple[WeightsChunk, ...]
+    num_tensors: int
+    total_bytes: int
+    aliases: dict[str, str] = field(default_factory=dict)  # skipped name -> name sent
+    arrays: Arrays = field(default_factory=list)
+    checksums: tuple[int, ...] = ()
+    checksum: int = 0
+
+
+def chunk_bounds(sizes: list[int], chunk_bytes: int) -> list[tuple[int, int]]:
+    """Greedy [start, end) ranges of about chunk_bytes; at least one (possibly empty) range."""
+    bounds: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and acc + size > chunk_bytes:
+            bounds.append((start, i))
+            start, acc = i, 0
+        acc += size
+    bounds.append((start, len(sizes)))
+    return bounds
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What travels for one tensor: the array and its encoding."""
+
+    name: str
+    array: np.ndarray[Any, Any]
+    encoding: str
+
+
+def make_chunks(
+    version: int,
+    base: int,
+    payloads: list[Payload],
+    checksums: tuple[int, ...],
+    checksum: int,
+    settings: TransportSettings,
+) -> tuple[WeightsChunk, ...]:
+    """Chunk one version's payloads; raises WeightsError for a chunk over the message limit."""
+    bounds = chunk_bounds([p.array.nbytes for p in payloads], settings.weights_chunk_bytes)
+    chunks = []
+    for index, (lo, hi) in enumerate(bounds):
+        part = payloads[lo:hi]
+        chunk = WeightsChunk(
+            version=version, index=index, count=len(bounds),
+            names=[p.name for p in part], tensors=[p.array for p in part], base=base,
+            encodings=[p.encoding for p in part], checksums=list(checksums[lo:hi]),
+            checksum=checksum,
+        )  # fmt: skip
+        size = sum(memoryview(f).nbytes for f in encode(chunk))
+        if size > settings.max_message_bytes:
+            raise WeightsError(
+                f"weights chunk {index} of version {version} has {size} bytes, over "
+                f"transport.max_message_bytes={settings.max_message_bytes}"
+            )
+        chunks.append(chunk)
+    return tuple(chunks)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """The XOR payloads from version `start` to version `end`, by tensor name."""
+
+    start: int
+    end: int
+    payloads: dict[str, np.ndarray[Any, Any] | None]
+
+
+class DeltaHistory:
+    """Step deltas of the last `window` versions; builds delta chunk sets per base."""
+
+    def __init__(self, window: int, level: int, settings: TransportSettings) -> None:
+        self._steps: deque[_Step] = deque(maxlen=window)
+        self._level = level
+        self._settings = settings
+        self._built: dict[int, tuple[WeightsChunk, ...] | None] = {}
+        self._built_for = -1
+        self.wire_bytes: dict[int, int] = {}  # base -> bytes of its delta chunks (stats)
+
+    def record(self, prev: Snapshot | None, new: Snapshot) -> None:
+        """Compute and keep the step prev -> new (nothing to record for the first version)."""
+        self._built.clear()
+        self.wire_bytes.clear()
+        if prev is None:
+            return
+        if self._steps and self._steps[-1].end != prev.version:
+            self._steps.clear()  # a chain that does not lead to prev is of no use
+        old = dict(prev.arrays)
+        payloads: dict[str, np.ndarray[Any, Any] | None] = {}
+        for name, arr in new.arrays:
+            base = old.get(name)
+            payloads[name] = None if base is None else encode_delta(base, arr, self._level)
+        self._steps.append(_Step(prev.version, new.version, payloads))
+
+    def bases(self) -> list[int]:
+        """The versions a fetcher may hold and get a delta for."""
+        return [step.start for step in self._steps]
+
+    def chunks_from(self, have: int, current: Snapshot) -> tuple[WeightsChunk, ...] | None:
+        """The delta chunks from `have` to `current` (None: no chain from `have`)."""
+        if self._built_for != current.version:
+            self._built.clear()
+            self._built_for = current.version
+        if have not in self._built:
+            self._built[have] = self._build(have, current)
+            chunks = self._built[have]
+            if chunks is not None:
+                self.wire_bytes[have] = sum(int(t.nbytes) for c in chunks for t in c.tensors)
+        return self._built[have]
+
+    def _build(self, have: int, current: Snapshot) -> tuple[WeightsChunk, ...] | None:
+        steps = list(self._steps)
+        starts = [s.start for s in steps]
+        if have not in starts or not steps or steps[-1].end != current.version:
+            return None
+        chain = steps[starts.index(have) :]
+        payloads = []
+        for name, arr in current.arrays:
+            parts = [step.payloads.get(name) for step in chain]
+            payload = None
+            if all(p is not None for p in parts):
+                present = [p for p in parts if p is not None]
+                payload = present[0] if len(present) == 1 else compose(
+                    present, arr.nbytes, self._level
+                )  # fmt: skip
+            if payload is None or payload.nbytes >= arr.nbytes:
+                payloads.append(Payload(name, arr, RAW))
+            else:
+                payloads.append(Payload(name, payload, XOR_ZSTD))
+        return make_chunks(
+            current.version, have, payloads, current.checksums, current.checksum, self._settings
+        )
