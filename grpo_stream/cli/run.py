@@ -125,8 +125,10 @@ def _fingerprint(service: str, throttle: float) -> dict[str, object]:
     """This host's devices for the hub's shares (measured for generators). A throttled test
     generator reports a device `throttle` times slower, as a slower device would be."""
     from grpo_stream.hardware.fingerprint import fingerprint_host
+    from grpo_stream.launch.devices import announce
 
-    data = fingerprint_host(benchmark=service == "generator").to_dict()
+    # only the GPUs CUDA_VISIBLE_DEVICES gives this service: the hub scores those
+    data = announce(fingerprint_host(benchmark=service == "generator"), dict(os.environ)).to_dict()
     if throttle > 1:
         for device in data.get("devices", []):
             for key in ("fp32_tflops", "tensor_tflops", "memory_bandwidth_gbps"):
