@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,18 +143,21 @@ def read_cluster_file(path: Path) -> ClusterFile:
         raise ClusterError(f"invalid cluster file {path}: {_format(exc)}") from None
 
 
-def host_devices(host: HostEntry, position: int, benchmark: bool = True) -> list[DeviceFingerprint]:
-    """The devices of one host entry: recordings by name, this machine's for "auto"."""
+def host_devices(
+    host: HostEntry, position: int, live: Callable[[], list[DeviceFingerprint]] | None = None
+) -> list[DeviceFingerprint]:
+    """The devices of one host entry: recordings by name, this machine's for "auto" (`live`
+    reads them; default: every device `fingerprint_host` finds, benchmarked)."""
     from grpo_stream.hardware.fingerprint import fingerprint_host
     from grpo_stream.hardware.recorded import load_recorded
 
     out: list[DeviceFingerprint] = []
     for slot, name in enumerate(host.devices):
         if name == "auto":
-            live = fingerprint_host(benchmark=benchmark).devices
+            found = live() if live else fingerprint_host(benchmark=True).devices
             out.extend(
                 dataclasses.replace(d, host=host.name, index=len(out) + i)
-                for i, d in enumerate(live)
+                for i, d in enumerate(found)
             )
             continue
         try:

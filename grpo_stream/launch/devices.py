@@ -58,7 +58,7 @@ def cluster_hosts(path: Path, launch: Any, environ: dict[str, str]) -> list[Host
         except ValidationError as exc:
             msg = exc.errors()[0]["msg"]
             raise ClusterError(f"invalid cluster file {path}: hosts.{position}: {msg}") from None
-        devices = host_devices(parsed, position, benchmark=False)
+        devices = host_devices(parsed, position, live=lambda: local_fingerprint().devices)
         visible = host.env.get("CUDA_VISIBLE_DEVICES")
         if host.launcher == "local" and visible is None:
             visible = environ.get("CUDA_VISIBLE_DEVICES")

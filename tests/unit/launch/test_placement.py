@@ -3,6 +3,7 @@ CUDA_VISIBLE_DEVICES and ranks it starts with (NVML replaced at its boundary).""
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from grpo_stream.launch.devices import (
     local_host,
     placement_for_run,
 )
-from grpo_stream.launch.placed import placed_services
+from grpo_stream.launch.placed import cluster_overrides, placed_services
 from grpo_stream.launch.placement import Placement, PlacementError, place
+from grpo_stream.launch.supervisor import ServiceSpec
 
 B7 = 7_000_000_000
 SMALL = 100_000_000
@@ -226,3 +228,72 @@ def test_resume_on_the_same_gpus_keeps_the_saved_placement(tmp_path: Path) -> No
     first, _ = remember(tmp_path, hosts, place(cfg, hosts, SMALL), resume=False)
     again, notes = remember(tmp_path, hosts, place(cfg, hosts, SMALL), resume=True)
     assert again == first and notes == []
+
+
+TWO_TRAINERS = """
+hub_port = 5555
+[[hosts]]
+name = "a"
+address = "10.0.0.1"
+devices = ["h100-sxm", "h100-sxm"]
+launcher = "ssh"
+services = { hub = 1, trainer = 2, scorer = 1 }
+gpus = { trainer = [0, 1] }
+[[hosts]]
+name = "b"
+address = "10.0.0.2"
+devices = ["h100-sxm", "h100-sxm", "h100-sxm"]
+launcher = "slurm"
+services = { trainer = 2, generator = 1 }
+gpus = { trainer = [1, 2], generator = [0] }
+"""
+
+
+def _two_trainer_hosts(tmp_path: Path) -> dict[str, ServiceSpec]:
+    path = tmp_path / "cluster.toml"
+    path.write_text(TWO_TRAINERS)
+    cluster = read_launch_file(path)
+    cfg = _cfg('run.placement="manual"', "trainer.ranks=4")
+    placement, _ = placement_for_run(cfg, cluster, path, False, save=False, environ={})
+    services = placed_services(cfg, placement, "tcp://10.0.0.1:5555", False, cluster)
+    return {spec.instance: spec for spec, _ in services}
+
+
+def _torchrun_args(argv: list[str]) -> argparse.Namespace:
+    """torchrun's own parse of a node's command (after the rendezvous wait, if any)."""
+    from torch.distributed.run import get_args_parser
+
+    start = argv.index("torch.distributed.run") + 1
+    return get_args_parser().parse_args(argv[start:])
+
+
+def test_trainer_ranks_on_two_hosts_run_torchrun_multi_node(tmp_path: Path) -> None:
+    specs = _two_trainer_hosts(tmp_path)
+    first = _torchrun_args(shlex.split(specs["trainer-0"].argv[0]))  # over ssh: one line
+    second = _torchrun_args(specs["trainer-0-n1"].argv)
+    for node_rank, args in enumerate((first, second)):
+        assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", node_rank, "2")
+        assert (args.master_addr, args.master_port) == ("10.0.0.1", 29500)
+    assert specs["trainer-0-n1"].env["CUDA_VISIBLE_DEVICES"] == "1,2"
+
+
+def test_the_second_trainer_host_waits_for_the_rendezvous_through_its_launcher(
+    tmp_path: Path,
+) -> None:
+    spec = _two_trainer_hosts(tmp_path)["trainer-0-n1"]
+    assert spec.prefix == ["srun", "--nodes=1", "--ntasks=1", "-w", "b", "--overlap"]
+    assert spec.argv[1:5] == [
+        "-m", "grpo_stream.launch.rendezvous", "--address=10.0.0.1:29500", "--host-name=b",
+    ]  # fmt: skip
+
+
+def test_rank_zero_binds_the_weights_on_the_first_trainer_host(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.toml"
+    path.write_text(TWO_TRAINERS)
+    cluster = read_launch_file(path)
+    cfg = _cfg('run.placement="manual"', "trainer.ranks=4")
+    placement, _ = placement_for_run(cfg, cluster, path, False, save=False, environ={})
+    overrides = cluster_overrides(cluster, placement)
+    resolved = load_config(None, overrides)
+    assert resolved.trainer.public_host == "10.0.0.1"
+    assert resolved.trainer.ranks == 4
