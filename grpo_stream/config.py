@@ -50,6 +50,11 @@ class RunSettings(BaseModel):
     abort_after_failed_groups: int = Field(200, ge=1)
     """Consecutive groups whose every reward failed after which the hub stops the run with
     one line naming the reward and its last error."""
+    placement: Literal["auto", "plan", "manual", "colocated", "none"] = "auto"
+    """Which GPUs each service gets (grpo_stream.launch.placement): plan (the role plan of
+    the fingerprints), manual (trainer.devices / generator.devices, or a host's `gpus` in
+    the cluster file), colocated (trainer and generators share the trainer's GPUs), none
+    (CUDA_VISIBLE_DEVICES untouched); auto is plan when NVML sees GPUs, else none."""
 
 
 class ModelSettings(BaseModel):
@@ -61,6 +66,9 @@ class ModelSettings(BaseModel):
     """A Hugging Face model name or local path; the default is the tiny model in the package."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Parameter dtype: auto is bfloat16 on GPUs and float32 on CPU."""
+    params: int | None = Field(None, ge=1)
+    """Parameter count for the placement's memory rule; None counts it from the model's
+    local safetensors headers."""
 
 
 class GeneratorSettings(BaseModel):
@@ -84,6 +92,12 @@ class GeneratorSettings(BaseModel):
     """Prompts a generator asks for at once (its credits); scaled by its device share."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vllm: fraction of device memory for weights and KV cache."""
+    tensor_parallel: int = Field(1, ge=1)
+    """GPUs per generator (vllm tensor parallelism); placement gives each generator this
+    many GPUs of one host."""
+    devices: list[int] = []
+    """run.placement = manual: NVML indices of the generators' GPUs, tensor_parallel
+    consecutive ones per generator (count x tensor_parallel in all)."""
     throttle: float = Field(1.0, ge=1)
     """Test hook: sleep so that this generator runs `throttle` times slower."""
 
@@ -183,6 +197,12 @@ class TrainerSettings(BaseModel):
     """Complete checkpoints kept on disk."""
     ranks: int = Field(1, ge=1)
     """torch.distributed ranks (torchrun) for the trainer."""
+    devices: list[int] = []
+    """run.placement = manual or colocated: NVML indices of the trainer's GPUs, one per rank."""
+    rendezvous_port: int = Field(29500, ge=1, le=65535)
+    """Trainer ranks on several hosts: torchrun's rendezvous port on the first trainer host."""
+    rendezvous_timeout_s: float = Field(120.0, gt=0)
+    """Trainer ranks on several hosts: how long a node waits to reach the rendezvous."""
     ddp_bucket_mb: float = Field(25.0, gt=0)
     """DDP gradient bucket size: buckets are all-reduced while backward still runs."""
     parallel: Literal["ddp", "fsdp2"] = "ddp"

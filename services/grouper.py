@@ -243,6 +243,7 @@ class Grouper:
             instance=hello.instance,
             host=hello.host,
             joined=peer.joined,
+            devices=peer.describe()["devices"],
         )
         self.server.send(identity, self._welcome())
 

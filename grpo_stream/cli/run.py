@@ -126,9 +126,12 @@ def _fingerprint(service: str, throttle: float) -> dict[str, object]:
     generator reports a device `throttle` times slower, as a slower device would be."""
     from grpo_stream.hardware.cpu_cache import default_cache_path
     from grpo_stream.hardware.fingerprint import fingerprint_host
+    from grpo_stream.launch.devices import announce
 
-    # measured once per host boot: every generator of a host reports the same device
-    data = fingerprint_host(benchmark=service == "generator", cache=default_cache_path()).to_dict()
+    # measured once per host boot (every generator of a host reports the same device); only
+    # the GPUs CUDA_VISIBLE_DEVICES gives this service: the hub scores those
+    host = fingerprint_host(benchmark=service == "generator", cache=default_cache_path())
+    data = announce(host, dict(os.environ)).to_dict()
     if throttle > 1:
         for device in data.get("devices", []):
             for key in ("fp32_tflops", "tensor_tflops", "memory_bandwidth_gbps"):

@@ -12,7 +12,17 @@ import typer
 
 from grpo_stream.cli.common import fail
 
-COLUMNS = ("instance", "service", "host", "device", "version", "tokens_per_s", "credits", "joined")
+COLUMNS = (
+    "instance",
+    "service",
+    "host",
+    "device",
+    "devices",
+    "version",
+    "tokens_per_s",
+    "credits",
+    "joined",
+)
 
 
 def status(

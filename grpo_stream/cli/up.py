@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -29,6 +30,9 @@ def up(
     cluster: Path = typer.Option(
         None, "--cluster", help="Cluster TOML: which host runs which service, and how."
     ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print each service's host, devices and command; start nothing."
+    ),
 ) -> None:
     """Run the whole pipeline (default: the tiny model on arith, on this machine)."""
     from grpo_stream.config import ConfigError, load_config
@@ -43,8 +47,12 @@ def up(
             hosts = launch.read_launch_file(cluster)
         except ClusterError as exc:
             fail(str(exc))
+    from grpo_stream.launch import placed
+    from grpo_stream.launch.devices import placement_for_run
+    from grpo_stream.launch.placement import PlacementError
+
     # the cluster's binds first: an explicit --set still wins
-    extra = (launch.config_overrides(hosts) if hosts else []) + list(overrides)
+    extra = list(overrides)
     if run_dir is not None:
         extra.append(f"run.run_dir={json.dumps(str(run_dir))}")
     if max_steps is not None:
@@ -52,22 +60,32 @@ def up(
     if sync:
         extra.append("hub.max_staleness=0")
     try:
-        cfg = load_config(config, extra)
+        cfg = load_config(config, (launch.config_overrides(hosts) if hosts else []) + extra)
     except ConfigError as exc:
         fail(str(exc))
     rd = Path(cfg.run.run_dir)
-    if not resume and (rd / "metrics.jsonl").exists():
+    if not dry_run and not resume and (rd / "metrics.jsonl").exists():
         fail(f"{rd} already holds a run: pass --resume to continue it or --run-dir for a new one")
-    rd.mkdir(parents=True, exist_ok=True)
-    resolved = rd / "config.toml"
-    resolved.write_text(cfg.to_toml())
-    console = RunConsole(level="debug" if verbose else "info", quiet=not verbose)
     try:
-        if hosts is None:
-            result = Up(cfg, resolved, resume, console).run()
-        else:
-            up_run = Up(cfg, resolved, resume, console, place_hub=launch.hub_placer(hosts))
-            result = up_run.run(lambda hub: launch.cluster_specs(hosts, cfg, hub, resume))
+        placement, notes = placement_for_run(
+            cfg, hosts, cluster, resume, save=not dry_run, environ=dict(os.environ)
+        )
+        if hosts is not None:  # rank 0 where the placement put it, ranks as it counts them
+            cfg = load_config(config, placed.cluster_overrides(hosts, placement) + extra)
+    except (PlacementError, ClusterError, ConfigError) as exc:
+        fail(str(exc))
+    resolved = rd / "config.toml"
+    console = RunConsole(level="debug" if verbose else "info", quiet=not verbose)
+    up_run = Up(cfg, resolved, resume, console, place_hub=placed.hub_placer(placement, hosts))
+    if dry_run:
+        typer.echo("\n".join(placed.dry_run(cfg, placement, up_run.hub_spec(), resume, hosts)))
+        return
+    rd.mkdir(parents=True, exist_ok=True)
+    resolved.write_text(cfg.to_toml())
+    for note in notes:
+        console.note(note)
+    try:
+        result = up_run.run(lambda hub: placed.placed_specs(cfg, placement, hub, resume, hosts))
     except LaunchError as exc:
         fail(str(exc), code=1)
     if not result.completed:

@@ -89,6 +89,7 @@ class VLLMEngine:
                 dtype=resolve_dtype_name(model.dtype, dev),
                 seed=seed,
                 gpu_memory_utilization=generator.gpu_memory_utilization,
+                tensor_parallel_size=generator.tensor_parallel,  # the GPUs placement gave it
                 max_model_len=max_model_len,
                 # CUDA graphs pay off on GPUs; on the CPU eager mode is the supported path.
                 enforce_eager=dev.startswith("cpu"),

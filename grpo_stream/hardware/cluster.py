@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,9 @@ def parse_params(value: Any) -> int:
     return round(float(match.group(1)) * _SUFFIX[match.group(2).upper()])
 
 
-LAUNCH_HOST_KEYS = frozenset({"bind", "launcher", "ssh", "prefix", "python", "env", "services"})
+LAUNCH_HOST_KEYS = frozenset(
+    {"bind", "launcher", "ssh", "prefix", "python", "env", "services", "gpus"}
+)
 """Keys of a host entry that say how `up --cluster` starts services there (not the plan's)."""
 LAUNCH_TOP_KEYS = frozenset({"hub_port"})
 
@@ -140,17 +143,21 @@ def read_cluster_file(path: Path) -> ClusterFile:
         raise ClusterError(f"invalid cluster file {path}: {_format(exc)}") from None
 
 
-def _host_devices(host: HostEntry, position: int) -> list[DeviceFingerprint]:
+def host_devices(
+    host: HostEntry, position: int, live: Callable[[], list[DeviceFingerprint]] | None = None
+) -> list[DeviceFingerprint]:
+    """The devices of one host entry: recordings by name, this machine's for "auto" (`live`
+    reads them; default: every device `fingerprint_host` finds, benchmarked)."""
     from grpo_stream.hardware.fingerprint import fingerprint_host
     from grpo_stream.hardware.recorded import load_recorded
 
     out: list[DeviceFingerprint] = []
     for slot, name in enumerate(host.devices):
         if name == "auto":
-            live = fingerprint_host(benchmark=True).devices
+            found = live() if live else fingerprint_host(benchmark=True).devices
             out.extend(
                 dataclasses.replace(d, host=host.name, index=len(out) + i)
-                for i, d in enumerate(live)
+                for i, d in enumerate(found)
             )
             continue
         try:
@@ -166,7 +173,7 @@ def load_cluster(path: Path) -> Cluster:
     devices: list[DeviceFingerprint] = []
     latency: dict[str, float] = {}
     for position, host in enumerate(spec.hosts):
-        for device in _host_devices(host, position):
+        for device in host_devices(host, position):
             devices.append(device)
             latency[device.device_id] = host.latency_ms / 1000
     return Cluster(spec=spec, devices=devices, latency_s=latency)

@@ -33,6 +33,7 @@ class Peer:
             "credits": self.credits,
             "joined": self.joined,
             "device": _device_name(self.fingerprint),
+            "devices": _device_ids(self.fingerprint),
             **{k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
         }
 
@@ -42,6 +43,14 @@ def _device_name(fingerprint: dict[str, Any]) -> str:
     if isinstance(devices, list) and devices and isinstance(devices[0], dict):
         return str(devices[0].get("name", ""))
     return ""
+
+
+def _device_ids(fingerprint: dict[str, Any]) -> str:
+    """The GPUs a peer holds, as fingerprint ids (host:index), or "cpu"."""
+    devices = fingerprint.get("devices")
+    if fingerprint.get("source") != "nvml" or not isinstance(devices, list):
+        return "cpu"
+    return ",".join(f"{d.get('host')}:{d.get('index')}" for d in devices if isinstance(d, dict))
 
 
 class Registry:

@@ -12,8 +12,12 @@ devices of each `[[hosts]]` entry, `up --cluster` reads how to start services th
     ssh = "me@node-a"                  # ssh target (default: address)
     python = "/opt/venv/bin/python"    # interpreter with grpo-stream on that host
     services = { hub = 1, trainer = 1, generator = 1, scorer = 1 }
+    gpus = { trainer = [0], generator = [1] }   # run.placement = "manual": NVML indices
 
-Invariants: exactly one host runs the hub and exactly one the trainer; the hub and trainer
+`services.trainer` is the number of trainer ranks on that host: several hosts with trainer
+ranks run torchrun multi-node, rendezvous on the first of them (grpo_stream.launch.placed).
+
+Invariants: exactly one host runs the hub; the hub and the first trainer host
 bind an address the other hosts reach and advertise `address`; the hub's host shares the
 run directory with the machine running `up` (it reads RUN_DIR/hub.addr there). A bad file
 raises ClusterError with one line naming the field.
@@ -37,7 +41,7 @@ from grpo_stream.launch.supervisor import ServiceSpec
 from grpo_stream.launch.up import service_argv, trainer_argv
 
 ROLES = ("hub", "trainer", "generator", "scorer")
-_SINGLE = ("hub", "trainer")
+_SINGLE = ("hub",)
 # keys that only `grpo-stream plan` reads: accepted here and ignored
 _PLAN_TOP = set(ClusterFile.model_fields) - {"hosts"}
 _PLAN_HOST = set(HostEntry.model_fields) - {"name", "address"}
@@ -66,7 +70,9 @@ class LaunchHost(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment for services started here (local, prefix and slurm launchers)."""
     services: dict[str, int] = Field(default_factory=dict)
-    """How many of each role run here: hub, trainer, generator, scorer."""
+    """How many of each role run here: hub, trainer (ranks), generator, scorer."""
+    gpus: dict[Literal["trainer", "generator"], list[int]] = Field(default_factory=dict)
+    """run.placement = "manual": NVML indices of this host's GPUs per role."""
 
     @model_validator(mode="after")
     def _check(self) -> LaunchHost:
@@ -102,6 +108,7 @@ class LaunchCluster(BaseModel):
             where = [h.name for h in self.hosts if h.count(role)]
             if len(where) != 1:
                 raise ValueError(f"exactly one host must run the {role}, found {len(where)}")
+
         hub = self.host_of("hub")
         if self.hub_port == 0 and hub.bind not in (None, hub.address):
             raise ValueError("a hub binding another interface than its address needs hub_port")
@@ -134,9 +141,12 @@ def read_launch_file(path: Path) -> LaunchCluster:
         raise ClusterError(f"invalid cluster file {path}: {where}: {first['msg']}") from None
 
 
-def config_overrides(cluster: LaunchCluster) -> list[str]:
-    """`--set` overrides so hub and trainer bind reachable interfaces and advertise them."""
-    hub, trainer = cluster.host_of("hub"), cluster.host_of("trainer")
+def config_overrides(cluster: LaunchCluster, trainer_host: str | None = None) -> list[str]:
+    """`--set` overrides so hub and trainer (rank 0: the first trainer host, or
+    `trainer_host` where placement put it) bind reachable interfaces and advertise them."""
+    hub = cluster.host_of("hub")
+    named = [h for h in cluster.hosts if h.name == trainer_host or h.count("trainer")]
+    trainer = next((h for h in named if h.name == trainer_host), named[0] if named else hub)
     hub_bind = hub.bind or hub.address
     out = [f"hub.bind={json.dumps(f'tcp://{hub_bind}:{cluster.hub_port}')}"]
     if hub_bind != hub.address:
@@ -152,17 +162,17 @@ def place(host: LaunchHost, spec: ServiceSpec) -> ServiceSpec:
     if host.python and argv and argv[0] == sys.executable:
         argv[0] = host.python
     prefix: list[str] = []
-    env = {**spec.env, **host.env}
+    env = {**host.env, **spec.env}  # the spec's devices win over the host's defaults
     if host.launcher == "prefix":
         prefix = list(host.prefix)
     elif host.launcher == "slurm":
         prefix = ["srun", "--nodes=1", "--ntasks=1", "-w", host.name, "--overlap"]
     elif host.launcher == "ssh":
-        exports = [f"{k}={v}" for k, v in sorted(host.env.items())]
+        exports = [f"{k}={v}" for k, v in sorted({**host.env, **spec.env}.items())]
         remote = ["env", *exports, *argv] if exports else argv
         prefix = ["ssh", "-o", "BatchMode=yes", host.ssh or host.address, "--"]
         argv = [shlex.join(remote)]  # ssh hands the remote shell one command line
-        env = dict(spec.env)
+        env = {}
     return ServiceSpec(
         spec.instance,
         spec.service,

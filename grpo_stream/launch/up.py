@@ -72,6 +72,16 @@ def trainer_argv(cfg: RunConfig, hub: str, extra: list[str]) -> list[str]:
     return launcher + argv[1:]  # torchrun runs `-m grpo_stream.cli.main ...` per rank
 
 
+def hub_service(cfg: RunConfig, config_path: Path, resume: bool) -> ServiceSpec:
+    extra = ["--config", str(config_path)] + (["--resume"] if resume else [])
+    return ServiceSpec(
+        "grouper-0",
+        "grouper",
+        service_argv("grouper", "grouper-0", None, extra),
+        restarts_left=cfg.run.restarts,
+    )
+
+
 def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
     """Trainer, generators and scorers on this machine, as the config counts them."""
     keys = ["--keys-dir", str(cfg.security.keys_dir)] if cfg.security.curve else []
@@ -131,18 +141,15 @@ class Up:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._interrupted = True
 
+    def hub_spec(self) -> ServiceSpec:
+        """The hub as it starts (also what `up --dry-run` prints)."""
+        hub_spec = hub_service(self.cfg, self.config_path, self.resume)
+        return hub_spec if self.place_hub is None else self.place_hub(hub_spec)
+
     def start_hub(self, timeout_s: float = 120.0) -> str:
         addr_file = self.run_dir / "hub.addr"
         addr_file.unlink(missing_ok=True)
-        extra = ["--config", str(self.config_path)] + (["--resume"] if self.resume else [])
-        hub_spec = ServiceSpec(
-            "grouper-0",
-            "grouper",
-            service_argv("grouper", "grouper-0", None, extra),
-            restarts_left=self.cfg.run.restarts,
-        )
-        if self.place_hub is not None:
-            hub_spec = self.place_hub(hub_spec)
+        hub_spec = self.hub_spec()
         self.sup.start(hub_spec)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -55,6 +55,17 @@ for n, node in enumerate(nodes):
 sys.exit(max(p.wait() for p in procs))
 """
 
+TORCHRUN = """#!{python} -S
+import json, os, sys
+args = sys.argv[1:]
+program = args[args.index("--no-python") + 1 :]
+line = {{"event": "torchrun", "service": "torchrun", "argv": args,
+        "node": os.environ.get("SLURMD_NODENAME"), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}
+with open(os.environ["STUB_RECORD"], "a") as f:
+    f.write(json.dumps(line) + "\\n")
+os.execvp(program[0], program)
+"""
+
 SCONTROL = """#!/bin/bash
 [[ $1 == show && $2 == hostnames ]] || exit 2
 tr , '\\n' <<<"$3"
@@ -120,7 +131,8 @@ class SlurmRun:
 def _stubs(root: Path) -> Path:
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("grpo-stream", GRPO_STREAM)):
+    stubs = (("srun", SRUN), ("scontrol", SCONTROL), ("grpo-stream", GRPO_STREAM))
+    for name, text in (*stubs, ("torchrun", TORCHRUN)):
         (bin_dir / name).write_text(text.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
     return bin_dir
@@ -147,6 +159,17 @@ JOBS = {
             "HUB_PORT": "6000",
             "TRAINER_PORT": "6001",
             "STUB_EXITS": "trainer=7@0",
+        },
+    ),
+    # trainer ranks on two nodes x 2 GPUs (torchrun multi-node), generators on the third.
+    "ranks": Job(
+        ["node1", "node2", "node3"],
+        6,
+        {
+            "TRAINER_NODES": "2",
+            "TRAINER_GPUS": "2",
+            "GENERATORS_PER_NODE": "2",
+            "STUB_EXITS": "trainer=0@0",
         },
     ),
     # one node with CURVE keys; the trainer completes.
@@ -367,3 +390,32 @@ def test_script_runs_the_real_services_to_a_finished_run(sbatch: Path, tmp_path:
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
     assert (tmp_path / "run" / "checkpoints" / "step-2" / "COMPLETE").exists()
+
+
+def test_trainer_ranks_span_the_first_nodes_two_gpus_each(jobs: dict[str, SlurmRun]) -> None:
+    run = jobs["ranks"]
+    assert run.rc == 0, run.stderr
+    placed = sorted((r["node"], r["cuda"]) for r in run.starts("trainer"))
+    assert placed == [("node1", "0,1"), ("node2", "0,1")]
+    generators = sorted((r["node"], r["cuda"]) for r in run.starts("generator"))
+    assert generators == [("node3", "0"), ("node3", "1")]
+
+
+def test_each_trainer_node_runs_torchrun_with_its_node_rank(jobs: dict[str, SlurmRun]) -> None:
+    from torch.distributed.run import get_args_parser
+
+    parsed = {}
+    for r in jobs["ranks"].events("torchrun"):
+        args = get_args_parser().parse_args(r["argv"])  # torchrun's own parser
+        parsed[r["node"]] = (args.nnodes, args.node_rank, args.nproc_per_node, args.master_addr)
+        assert args.no_python and args.master_port == 29500
+        assert args.training_script == "grpo-stream"
+    assert parsed == {"node1": ("2", 0, "2", "node1"), "node2": ("2", 1, "2", "node1")}
+
+
+def test_trainer_program_under_torchrun_parses_with_the_cli(
+    jobs: dict[str, SlurmRun], cli: Any
+) -> None:
+    for r in jobs["ranks"].starts("trainer"):
+        params = cli.parse_run(r["argv"]).params
+        assert params["hub"] == "tcp://node1:5555" and params["resume"]
