@@ -17,10 +17,10 @@ devices of each `[[hosts]]` entry, `up --cluster` reads how to start services th
 `services.trainer` is the number of trainer ranks on that host: several hosts with trainer
 ranks run torchrun multi-node, rendezvous on the first of them (grpo_stream.launch.placed).
 
-Invariants: exactly one host runs the hub; the hub and the first trainer host
-bind an address the other hosts reach and advertise `address`; the hub's host shares the
-run directory with the machine running `up` (it reads RUN_DIR/hub.addr there). A bad file
-raises ClusterError with one line naming the field.
+Invariants: exactly one host runs the hub; the hub and the first trainer host bind an
+address the other hosts reach and advertise `address`; the hub's host shares the run
+directory with the machine running `up` (it reads RUN_DIR/hub.addr there). A bad file raises
+ClusterError with one line naming the field.
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ import json
 import shlex
 import sys
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from grpo_stream.config import RunConfig
 from grpo_stream.hardware.cluster import ClusterError, ClusterFile, HostEntry
 from grpo_stream.launch.supervisor import ServiceSpec
-from grpo_stream.launch.up import service_argv, trainer_argv
 
 ROLES = ("hub", "trainer", "generator", "scorer")
 _SINGLE = ("hub",)
@@ -108,7 +105,6 @@ class LaunchCluster(BaseModel):
             where = [h.name for h in self.hosts if h.count(role)]
             if len(where) != 1:
                 raise ValueError(f"exactly one host must run the {role}, found {len(where)}")
-
         hub = self.host_of("hub")
         if self.hub_port == 0 and hub.bind not in (None, hub.address):
             raise ValueError("a hub binding another interface than its address needs hub_port")
@@ -182,33 +178,3 @@ def place(host: LaunchHost, spec: ServiceSpec) -> ServiceSpec:
         env=env,
         restarts_left=spec.restarts_left,
     )
-
-
-def hub_placer(cluster: LaunchCluster) -> Callable[[ServiceSpec], ServiceSpec]:
-    hub = cluster.host_of("hub")
-    return lambda spec: place(hub, spec)
-
-
-def cluster_specs(
-    cluster: LaunchCluster, cfg: RunConfig, hub: str, resume: bool
-) -> list[ServiceSpec]:
-    """Trainer, generators and scorers where the file says, each through its host's launcher;
-    instances are numbered across hosts in file order."""
-    keys = ["--keys-dir", str(cfg.security.keys_dir)] if cfg.security.curve else []
-    n = cfg.run.restarts
-    trainer = ServiceSpec(
-        "trainer-0",
-        "trainer",
-        trainer_argv(cfg, hub, keys + (["--resume"] if resume else [])),
-        restarts_left=n,
-    )
-    specs = [place(cluster.host_of("trainer"), trainer)]
-    for role in ("generator", "scorer"):
-        number = 0
-        for host in cluster.hosts:
-            for _ in range(host.count(role)):
-                name = f"{role}-{number}"
-                spec = ServiceSpec(name, role, service_argv(role, name, hub, keys), restarts_left=n)
-                specs.append(place(host, spec))
-                number += 1
-    return specs

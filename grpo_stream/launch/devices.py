@@ -136,21 +136,42 @@ def _slots(data: list[dict[str, Any]]) -> tuple[Slot, ...]:
     )
 
 
+def placement_inputs(cfg: RunConfig) -> dict[str, Any]:
+    """The settings a placement follows from (with the devices): a saved placement made from
+    other ones is not reused."""
+    return {
+        "placement": cfg.run.placement,
+        "ranks": cfg.trainer.ranks,
+        "trainer_devices": cfg.trainer.devices,
+        "generators": cfg.generator.count,
+        "generator_devices": cfg.generator.devices,
+        "tensor_parallel": cfg.generator.tensor_parallel,
+        "params": cfg.model.params,
+        "model": cfg.model.name_or_path,
+    }
+
+
 def remember(
-    run_dir: Path, hosts: list[HostDevices], fresh: Placement, resume: bool
+    run_dir: Path,
+    hosts: list[HostDevices],
+    fresh: Placement,
+    resume: bool,
+    inputs: dict[str, Any] | None = None,
 ) -> tuple[Placement, list[str]]:
-    """The placement to use and what changed: on resume with every device as before, the
-    saved one; otherwise `fresh`, saved for the next run. The notes name changed devices."""
+    """The placement to use and what changed: on resume with every device and every input
+    setting as before, the saved one; otherwise `fresh`, saved for the next run. The notes
+    name changed devices."""
     path = run_dir / "placement.json"
     now = {d.device_id: _key(d) for h in hosts for d in h.gpus}
     before: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     seen: dict[str, Any] = before.get("devices", {})
+    same_inputs = before.get("inputs") == (inputs or {})
     changed = sorted(
         f"{i}: {seen.get(i, {}).get('name', 'absent')} -> {now.get(i, {}).get('name', 'absent')}"
         for i in set(seen) | set(now)
         if seen.get(i) != now.get(i)
     )
-    if resume and before and not changed and before.get("mode") == fresh.mode:
+    if resume and before and not changed and same_inputs and before.get("mode") == fresh.mode:
         saved = Placement(
             fresh.mode,
             _slots(before["trainer"]),
@@ -160,7 +181,7 @@ def remember(
         return saved, []
     notes = [f"devices changed since the last run ({'; '.join(changed)}): re-planned"]
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"devices": now, **dataclasses.asdict(fresh)}
+    record = {"devices": now, "inputs": inputs or {}, **dataclasses.asdict(fresh)}
     path.write_text(json.dumps(record, indent=1))
     return fresh, notes if (before and changed) else []
 
@@ -197,4 +218,4 @@ def placement_for_run(
     fresh = place(cfg, hosts, model_params(cfg) if any(h.gpus for h in hosts) else None)
     if not save:
         return fresh, []
-    return remember(Path(cfg.run.run_dir), hosts, fresh, resume)
+    return remember(Path(cfg.run.run_dir), hosts, fresh, resume, placement_inputs(cfg))

@@ -125,14 +125,15 @@ def _have(host: HostDevices) -> str:
 def resolve_mode(requested: str, hosts: Sequence[HostDevices]) -> Mode:
     if requested == "auto":
         return "plan" if any(h.gpus for h in hosts) else "none"
-    if requested not in ("plan", "manual", "colocated", "none"):
+    modes: dict[str, Mode] = {m: m for m in ("plan", "manual", "colocated", "none")}
+    if requested not in modes:
         raise PlacementError(f"run.placement = {requested!r} is not a placement mode")
     if requested != "none" and not any(h.gpus for h in hosts):
         raise PlacementError(
             f"run.placement = {requested!r} needs GPUs, but NVML sees none on "
             f'{", ".join(h.name for h in hosts)}: use run.placement = "none" or "auto"'
         )
-    return requested  # type: ignore[return-value]
+    return modes[requested]
 
 
 def place(cfg: RunConfig, hosts: Sequence[HostDevices], params: int | None) -> Placement:

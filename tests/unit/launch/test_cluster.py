@@ -13,11 +13,12 @@ from grpo_stream.config import load_config
 from grpo_stream.hardware.cluster import ClusterError
 from grpo_stream.launch.cluster import (
     LaunchHost,
-    cluster_specs,
     config_overrides,
     place,
     read_launch_file,
 )
+from grpo_stream.launch.devices import placement_for_run
+from grpo_stream.launch.placed import placed_specs
 from grpo_stream.launch.supervisor import ServiceSpec
 
 NETNS = Path(__file__).parents[3] / "examples" / "cluster-netns.toml"
@@ -119,9 +120,11 @@ def test_prefix_launcher_without_a_prefix_is_refused() -> None:
 
 
 def test_specs_number_instances_across_hosts_and_name_their_host(tmp_path: Path) -> None:
-    cluster = read_launch_file(_write(tmp_path, TWO_HOSTS))
-    cfg = load_config(None, [f"run.run_dir={json.dumps(str(tmp_path))}"])
-    specs = cluster_specs(cluster, cfg, "tcp://10.0.0.1:5555", resume=False)
+    path = _write(tmp_path, TWO_HOSTS)
+    cluster = read_launch_file(path)
+    cfg = load_config(None, [f"run.run_dir={json.dumps(str(tmp_path))}", 'run.placement="none"'])
+    placement, _ = placement_for_run(cfg, cluster, path, False, save=False, environ={})
+    specs = placed_specs(cfg, placement, "tcp://10.0.0.1:5555", resume=False, cluster=cluster)
     where = {s.instance: s.host for s in specs}
     assert where == {
         "trainer-0": "a",

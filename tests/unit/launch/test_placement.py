@@ -221,13 +221,29 @@ def test_a_changed_gpu_fingerprint_re_plans_on_resume(tmp_path: Path) -> None:
 
 
 def test_resume_on_the_same_gpus_keeps_the_saved_placement(tmp_path: Path) -> None:
+    import json
+
     from grpo_stream.launch.devices import remember
 
     cfg = _cfg()
     hosts = [local_host(cfg, local_fingerprint(_nvml("h100-sxm", "h100-sxm")), {})]
-    first, _ = remember(tmp_path, hosts, place(cfg, hosts, SMALL), resume=False)
-    again, notes = remember(tmp_path, hosts, place(cfg, hosts, SMALL), resume=True)
-    assert again == first and notes == []
+    remember(tmp_path, hosts, place(cfg, hosts, SMALL), resume=False, inputs={"ranks": 1})
+    saved = json.loads((tmp_path / "placement.json").read_text())
+    saved["trainer"][0]["devices"] = [1]  # as an earlier version of the plan might have put it
+    (tmp_path / "placement.json").write_text(json.dumps(saved))
+    again, notes = remember(tmp_path, hosts, place(cfg, hosts, SMALL), True, {"ranks": 1})
+    assert again.trainer[0].devices == (1,) and notes == []
+
+
+def test_resume_with_other_placement_settings_places_afresh(tmp_path: Path) -> None:
+    from grpo_stream.launch.devices import remember
+
+    cfg, two = _cfg(), _cfg("trainer.ranks=2")
+    hosts = [local_host(cfg, local_fingerprint(_nvml(*["h100-sxm"] * 4)), {})]
+    remember(tmp_path, hosts, place(cfg, hosts, SMALL), resume=False, inputs={"ranks": 1})
+    hosts2 = [local_host(two, local_fingerprint(_nvml(*["h100-sxm"] * 4)), {})]
+    again, _ = remember(tmp_path, hosts2, place(two, hosts2, SMALL), True, {"ranks": 2})
+    assert again.trainer[0].devices == (0, 1)
 
 
 TWO_TRAINERS = """
