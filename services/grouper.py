@@ -35,6 +35,7 @@ from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
+from grpo_stream.hub.watchdog import Watchdog
 from grpo_stream.protocols import messages as m
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
@@ -77,6 +78,7 @@ class Grouper:
         self._stop = False
         self._last_ckpt = time.monotonic()
         self._state_path = self.run_dir / "hub" / "state.msgpack"
+        self.watchdog = Watchdog(cfg.run, time.monotonic())  # says why no batch goes out
         if resume:
             self._restore()
 
@@ -140,6 +142,7 @@ class Grouper:
             log.warning("lease.expired", groups=expired)
         self._dispatch(now)
         self.desk.serve()
+        self.watchdog.check(now, self)
         if now - self._last_ckpt > self.cfg.hub.checkpoint_every_s:
             self._checkpoint()
 

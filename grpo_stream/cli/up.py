@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from grpo_stream.cli.common import fail
+
+if TYPE_CHECKING:
+    from grpo_stream.config import RunConfig
 
 
 def up(
@@ -19,12 +23,17 @@ def up(
     max_steps: int = typer.Option(
         None, "--max-steps", help="Trainer steps (overrides run.max_steps)."
     ),
-    sync: bool = typer.Option(False, "--sync", help="On-policy: hub.max_staleness = 0."),
+    sync: bool = typer.Option(
+        False, "--sync", metavar="", help="On-policy: hub.max_staleness = 0 (a flag)."
+    ),
     resume: bool = typer.Option(
-        False, "--resume", help="Resume from the run directory's checkpoints."
+        False, "--resume", metavar="", help="Resume from the run directory's checkpoints."
     ),
     verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="Show every event, not only the important ones."
+        False, "--verbose", "-v", metavar="", help="Show every event, not only the important ones."
+    ),
+    check: bool = typer.Option(
+        False, "--check", metavar="", help="Only run the pre-flight checks: exit 0 if all pass."
     ),
     cluster: Path = typer.Option(
         None, "--cluster", help="Cluster TOML: which host runs which service, and how."
@@ -35,7 +44,10 @@ def up(
     from grpo_stream.hardware.cluster import ClusterError
     from grpo_stream.launch import cluster as launch
     from grpo_stream.launch.console import RunConsole
+    from grpo_stream.launch.outcome import write_outcome
+    from grpo_stream.launch.prepare import StartError, start_run
     from grpo_stream.launch.up import LaunchError, Up
+    from grpo_stream.preflight import PreflightError, check_config_file
 
     hosts = None
     if cluster is not None:
@@ -52,16 +64,22 @@ def up(
     if sync:
         extra.append("hub.max_staleness=0")
     try:
+        check_config_file(config)
         cfg = load_config(config, extra)
-    except ConfigError as exc:
+    except (ConfigError, PreflightError) as exc:
+        fail(str(exc))
+    if check:
+        _check_only(cfg, local_model=hosts is None)
+    try:
+        lock = start_run(cfg, resume, local_model=hosts is None)
+    except StartError as exc:
         fail(str(exc))
     rd = Path(cfg.run.run_dir)
-    if not resume and (rd / "metrics.jsonl").exists():
-        fail(f"{rd} already holds a run: pass --resume to continue it or --run-dir for a new one")
-    rd.mkdir(parents=True, exist_ok=True)
     resolved = rd / "config.toml"
     resolved.write_text(cfg.to_toml())
-    console = RunConsole(level="debug" if verbose else "info", quiet=not verbose)
+    console = RunConsole(
+        level="debug" if verbose else "info", quiet=not verbose, every=cfg.run.console_every
+    )
     try:
         if hosts is None:
             result = Up(cfg, resolved, resume, console).run()
@@ -69,6 +87,24 @@ def up(
             up_run = Up(cfg, resolved, resume, console, place_hub=launch.hub_placer(hosts))
             result = up_run.run(lambda hub: launch.cluster_specs(hosts, cfg, hub, resume))
     except LaunchError as exc:
+        write_outcome(rd, "failed", console.steps, str(exc))
         fail(str(exc), code=1)
+    finally:
+        lock.release()
+    write_outcome(rd, "completed" if result.completed else "interrupted", result.steps)
     if not result.completed:
         fail(f"stopped after {result.steps} steps (resume with --resume --run-dir {rd})", code=130)
+
+
+def _check_only(cfg: RunConfig, local_model: bool) -> NoReturn:
+    """`up --check`: the pre-flight checks alone, one line each; exit 0, or 2 at the first
+    that fails."""
+    from grpo_stream.preflight import PreflightError, preflight
+
+    try:
+        lines = preflight(cfg, local_model=local_model)
+    except PreflightError as exc:
+        fail(str(exc))
+    for line in lines:
+        typer.echo(f"ok  {line}")
+    raise typer.Exit(0)
