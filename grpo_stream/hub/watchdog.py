@@ -9,7 +9,9 @@ or idle. After `run.stall_abort_s` (off by default) `check` raises `StallAbort` 
 reason, which stops the hub (its exit code is `STALL_EXIT_CODE`).
 
 Progress is a step served: the ledger's `trained` count or the trainer version the hub
-serves moving on. The clock starts with the hub, so model loading counts as waiting.
+serves moving on. The clock runs from the trainer's first request after the last step served
+(so a model load or a long step is not a stall); before the trainer ever asks, from the
+hub's start (reported as "the trainer has not asked").
 """
 
 from __future__ import annotations
@@ -27,8 +29,13 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 
-STALL_EXIT_CODE = 3
+STALL_EXIT_CODE = 4
 """Exit code of a hub stopped by `run.stall_abort_s`."""
+
+
+def stalled(service: str, code: int) -> bool:
+    """Whether a service's exit is a hub stopped by `run.stall_abort_s` (not restarted)."""
+    return service == "grouper" and code == STALL_EXIT_CODE
 
 
 class StallAbort(RuntimeError):
@@ -53,6 +60,8 @@ class Watchdog:
         self.report_s = run.stall_report_s
         self.abort_s = run.stall_abort_s
         self.mark = Mark(now, 0, 0, 0, 0)
+        self.since = now  # when the current wait began
+        self.asked = False  # the trainer has asked since the last step served
         self.next_report = now + self.report_s
         self.reports = 0
 
@@ -62,20 +71,27 @@ class Watchdog:
         trained, version = int(counters["trained"]), hub.ledger.next_version
         if (trained, version) != (self.mark.trained, self.mark.version):
             self.mark = Mark(now, trained, version, counters["filtered"], counters["failed"])
-            self.next_report = now + self.report_s
+            self._restart(now, asked=False)
             return
-        if now < self.next_report:
+        if hub.desk.pending and not self.asked:
+            self._restart(now, asked=True)  # a model load or a long step is not a stall
+        waited = now - self.since
+        abort = self.abort_s is not None and waited >= self.abort_s
+        if now < self.next_report and not abort:
             return
         self.next_report = now + self.report_s
-        waited = now - self.mark.t
         why = diagnose(hub, self.mark)
         self.reports += 1
         log.warning("hub.stall", seconds=round(waited), step=version, why=why)
-        if self.abort_s is not None and waited >= self.abort_s:
-            log.error("hub.stall_abort", seconds=round(waited), why=why)
+        if abort:
+            log.error("hub.stall_abort", seconds=round(waited))
             raise StallAbort(
                 f"the trainer received nothing for {waited:.0f}s (run.stall_abort_s): {why}"
             )
+
+    def _restart(self, now: float, asked: bool) -> None:
+        self.since, self.asked = now, asked
+        self.next_report = now + self.report_s
 
 
 def diagnose(hub: Grouper, mark: Mark) -> str:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from grpo_stream.launch.outcome import read_outcome
-from grpo_stream.training.checkpoint import complete_checkpoints
 
 SHOWN_METRICS = ("reward_mean", "pass_rate", "kl", "loss", "grad_norm", "policy_version")
 """Metrics of the last step that the table shows (--json gives the whole line)."""
@@ -53,7 +52,7 @@ def final_state(run_dir: Path) -> dict[str, Any]:
         steps=steps,
         counters=_counters(run_dir),
         last_metrics=last,
-        checkpoints=[step for step, _ in complete_checkpoints(run_dir)],
+        checkpoints=complete_steps(run_dir),
     )
     return asdict(state)
 
@@ -79,6 +78,23 @@ def render_final(state: dict[str, Any]) -> str:
     if state["ended"] in ("interrupted", "dead") and checkpoints:
         lines.append(f"  continue it: grpo-stream up --resume --run-dir {state['run_dir']}")
     return "\n".join(lines)
+
+
+def complete_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints, oldest first: the layout that
+    grpo_stream.training.checkpoint writes (checkpoints/step-N/COMPLETE), read without
+    importing torch so that `status` answers at once."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    steps = [
+        int(child.name[5:])
+        for child in root.iterdir()
+        if child.name.startswith("step-")
+        and child.name[5:].isdigit()
+        and (child / "COMPLETE").exists()
+    ]
+    return sorted(steps)
 
 
 def _fmt(value: Any) -> str:

@@ -18,6 +18,7 @@ from types import FrameType
 from typing import Any
 
 from grpo_stream.config import RunConfig
+from grpo_stream.hub.watchdog import stalled
 from grpo_stream.launch.console import RunConsole
 from grpo_stream.launch.supervisor import Proc, ServiceSpec, Supervisor
 
@@ -184,7 +185,7 @@ class Up:
         spec = proc.spec
         if code == 0:
             return  # a clean exit: the trainer finished and the hub told everyone to stop
-        if spec.restarts_left > 0:
+        if spec.restarts_left > 0 and not stalled(spec.service, code):  # it would recur
             spec.restarts_left -= 1
             self.console.note(f"{spec.instance} on {spec.host} exited with code {code}; restarting")
             self.sup.start(_restart_argv(spec))
