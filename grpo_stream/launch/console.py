@@ -74,7 +74,9 @@ class RunConsole:
         self.progress.start()
 
     def note(self, text: str) -> None:
-        self.console.print(Text(f"up: {text}", style="bold"))
+        rows = wrap(text, self.console.width - 4)
+        for i, row in enumerate(rows):
+            self.console.print(Text(f"{'up: ' if i == 0 else '    '}{row}", style="bold"))
 
     def event(self, event: dict[str, Any]) -> None:
         level = LEVELS.get(str(event.get("level", "info")), 20)
@@ -91,12 +93,19 @@ class RunConsole:
         if held is None:
             return
         service = str(event.get("service", "?"))
-        who = Text(f"{event.get('instance', service):<12} ", style=COLOURS.get(service, "white"))
+        who = f"{event.get('instance', service):<12} "
         style = "red" if level >= 40 else "yellow" if level >= 30 else ""
         body = " ".join(f"{k}={v}" for k, v in event.items() if k not in SKIP_FIELDS)
         line = event.get("line") if name == "raw" else f"{name} {body}"
         more = f" (and {held} more like it in the last {REPEAT_S:.0f}s)" if held else ""
-        self.console.print(who + Text(f"{line}{more}", style=style), highlight=False)
+        rows = wrap(f"{line}{more}", self.console.width - len(who))
+        self.console.print(
+            Text(who, style=COLOURS.get(service, "white")) + Text(rows[0], style=style),
+            highlight=False,
+            soft_wrap=True,
+        )
+        for row in rows[1:]:
+            self.console.print(Text(" " * len(who) + row, style=style), soft_wrap=True)
 
     def _step(self, event: dict[str, Any]) -> None:
         self.steps = int(event.get("step", self.steps))
@@ -134,3 +143,32 @@ class RunConsole:
             if (run_dir / name).exists()
         ]
         self.note(f"{steps} steps" + (f"; {', '.join(files)}" if files else ""))
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """`text` in rows of at most `width` characters, broken at spaces; a word longer than a
+    row (a path) gets rows of its own, broken after a `/` where it has one."""
+    width = max(width, 20)
+    rows: list[str] = []
+    row = ""
+    for word in text.split():
+        if len(word) > width:
+            rows += [row] if row else []
+            *whole, row = _cut(word, width)
+            rows += whole
+        elif row and len(row) + 1 + len(word) > width:
+            rows.append(row)
+            row = word
+        else:
+            row = f"{row} {word}" if row else word
+    return [*rows, row]
+
+
+def _cut(word: str, width: int) -> list[str]:
+    """A long word in parts of at most `width`, each ending after a `/` where possible."""
+    parts: list[str] = []
+    while len(word) > width:
+        cut = word.rfind("/", 0, width) + 1 or width
+        parts.append(word[:cut])
+        word = word[cut:]
+    return [*parts, word]

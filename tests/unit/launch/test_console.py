@@ -65,6 +65,17 @@ def test_long_lines_wrap_at_spaces_within_the_width():
     assert all(word in text.split() for word in words)  # no word cut in two
 
 
+def test_a_path_longer_than_a_row_breaks_only_after_a_slash():
+    console, out = _console()
+    path = "/".join(f"directory{i}" for i in range(12))
+    console.event({"event": "checkpoint.saved", "service": "trainer", "path": path})
+    lines = _lines(out)
+    assert all(len(line) <= WIDTH for line in lines)
+    assert len(lines) > 2
+    assert all(line.rstrip().endswith("/") for line in lines[1:-1])  # the path's own rows
+    assert "".join(line.strip() for line in lines[1:]) == f"path={path}"
+
+
 def test_the_last_line_names_only_files_that_exist(tmp_path):
     console, out = _console()
     (tmp_path / "metrics.jsonl").write_text("")
