@@ -73,13 +73,16 @@ def check_config_file(path: Path | None) -> None:
 
 
 # ----- model -----------------------------------------------------------------------------
-def find_model(name: str, ask_hub: bool = True, required: bool = True) -> ModelSource | None:
-    """Resolve `model.name_or_path` without downloading anything."""
+def find_model(
+    name: str, ask_hub: bool = True, required: bool = True, setting: str = "model.name_or_path"
+) -> ModelSource | None:
+    """Resolve a model name or path without downloading anything; `setting` is what the
+    error lines call it (`--model` for eval)."""
     if name == DEFAULT_MODEL:
         path = Path(str(resources.files("grpo_stream").joinpath("assets", "tiny-arith")))
         return ModelSource(name, "package", path)
     local = Path(name).expanduser()
-    if name.startswith(("/", "./", "../", "~")) or local.exists():
+    if _looks_local(name, local):
         if local.is_dir() and (local / "config.json").is_file():
             return ModelSource(name, "local directory", local)
         if not required:
@@ -87,7 +90,7 @@ def find_model(name: str, ask_hub: bool = True, required: bool = True) -> ModelS
         what = "is not a directory" if local.exists() else "does not exist"
         if local.is_dir():
             what = "has no config.json (not a Hugging Face model directory)"
-        raise PreflightError(f"model.name_or_path: {name} {what}")
+        raise PreflightError(f"{setting}: {name} {what}")
     cached = _cached_dir(name, required)
     if cached is not None:
         return ModelSource(name, "Hugging Face cache", cached)
@@ -102,6 +105,14 @@ def find_model(name: str, ask_hub: bool = True, required: bool = True) -> ModelS
     if ask_hub:
         _ask_hub(name)
     return ModelSource(name, "Hugging Face hub: downloaded at start", None)
+
+
+def _looks_local(name: str, local: Path) -> bool:
+    """A path, not a hub name: written as one, existing, or under an existing directory
+    (`runs/default/checkpoints/step-9` with `runs/` here)."""
+    if name.startswith(("/", "./", "../", "~")) or local.exists():
+        return True
+    return len(local.parts) > 1 and Path(local.parts[0]).is_dir()
 
 
 def _cached_dir(name: str, required: bool) -> Path | None:
