@@ -63,7 +63,7 @@ def acquire(run_dir: Path, command: str = "up") -> RunLock | None:
             return None
         raise RunLocked(
             f"{run_dir} is in use by {holder}: stop that run first, or give this one "
-            "another --run-dir"
+            "another run directory (--run-dir, run.run_dir)"
         ) from None
     owner = f"pid {os.getpid()} on host {socket.gethostname()}"
     handle.seek(0)
