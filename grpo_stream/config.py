@@ -55,6 +55,12 @@ class RunSettings(BaseModel):
     the fingerprints), manual (trainer.devices / generator.devices, or a host's `gpus` in
     the cluster file), colocated (trainer and generators share the trainer's GPUs), none
     (CUDA_VISIBLE_DEVICES untouched); auto is plan when NVML sees GPUs, else none."""
+    stall_report_s: float = Field(30.0, gt=0)
+    """The hub reports why (`hub.stall`) every this many seconds the trainer gets no batch."""
+    stall_abort_s: float | None = Field(None, gt=0)
+    """Stop the run when the trainer got no batch for this many seconds (None: never)."""
+    console_every: int = Field(10, ge=1)
+    """`up` prints a trainer.step line every this many steps (metrics.jsonl has them all)."""
 
 
 class ModelSettings(BaseModel):
@@ -315,6 +321,8 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError as exc:
             raise ConfigError(f"config file not found: {path}") from exc
+        except IsADirectoryError as exc:
+            raise ConfigError(f"config {path} is a directory: give a TOML file") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
     for text in overrides or []:

@@ -71,8 +71,32 @@ def setup_logging(
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service, instance=instance)
-    logging.basicConfig(level=logging.WARNING)
+    capture_stdlib_logging()
     return structlog.get_logger()  # type: ignore[no-any-return]
+
+
+class _ToStructlog(logging.Handler):
+    """Library log records (vLLM, torch, ...) as `library.log` events with a `logger`
+    field: into the service's JSON log; `up`'s console shows them from warning up."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            structlog.get_logger().log(
+                record.levelno, "library.log", logger=record.name, message=record.getMessage()
+            )
+        except Exception:  # a log line must never take the service down
+            self.handleError(record)
+
+
+def capture_stdlib_logging(level: int = logging.INFO) -> None:
+    """Route the standard `logging` tree (and `warnings`) into this process's structlog."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _ToStructlog):
+            root.removeHandler(handler)
+    root.addHandler(_ToStructlog())
+    root.setLevel(level)
+    logging.captureWarnings(True)
 
 
 def _add_unix_time(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
+from grpo_stream.hub.watchdog import Watchdog
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.transport.sockets import Server, close_context, make_context
@@ -88,6 +89,7 @@ class Grouper:
         self._last_ckpt = time.monotonic()
         self._state_path = self.run_dir / "hub" / "state.msgpack"
         self.resumed = resume
+        self.watchdog = Watchdog(cfg.run, time.monotonic())  # says why no batch goes out
         if resume:
             self._restore()
         else:
@@ -163,6 +165,7 @@ class Grouper:
         fault = self.cfg.hub.fault_raise_at_step
         if fault is not None and not self.resumed and last is not None and last.step >= fault:
             raise RuntimeError(f"hub.fault_raise_at_step={fault}: injected hub exception")
+        self.watchdog.check(now, self)
         if now - self._last_ckpt > self.cfg.hub.checkpoint_every_s:
             self._checkpoint()
 

@@ -220,7 +220,10 @@ class Trainer:
         )
 
     def close(self, completed: bool) -> None:
-        if self.state.step > 0 or completed:
+        # a step that is a multiple of checkpoint_every was written by the loop (or resumed
+        # from): the same rule on every rank, so collective checkpoints stay in step
+        written = self.state.step > 0 and self.state.step % self.cfg.trainer.checkpoint_every == 0
+        if (self.state.step > 0 or completed) and not written:
             self.state.checkpoint()
         for sink in self.sinks:
             sink.close()

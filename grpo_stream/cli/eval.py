@@ -45,6 +45,16 @@ def _print_table(result: Any) -> None:
         typer.echo(f"{label:<{width}s}{value}")
 
 
+def _check_model(option: str | None, configured: str) -> None:
+    """The model exists (a directory, the HF cache, or the hub) before anything loads."""
+    from grpo_stream.preflight import PreflightError, find_model
+
+    try:
+        find_model(option or configured, setting="--model" if option else "model.name_or_path")
+    except PreflightError as exc:
+        fail(str(exc))
+
+
 def _run(model: str, cfg: Any, **options: Any) -> Any:
     """Run the evaluation under a progress bar; failures become one error line."""
     from transformers.utils import logging as transformers_logging
@@ -99,6 +109,7 @@ def evaluate(
         fail(str(exc))
     if temperature is not None and temperature <= 0:
         fail("--temperature must be > 0")
+    _check_model(model, cfg.model.name_or_path)
     setup_logging("eval", "cli", level="warning")
     result = _run(
         model or cfg.model.name_or_path,

@@ -17,6 +17,8 @@ import typer
 from grpo_stream.cli.common import fail
 
 if TYPE_CHECKING:
+    from grpo_stream.config import RunConfig
+    from grpo_stream.launch.runlock import RunLock
     from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 SERVICES = ("grouper", "generator", "scorer", "trainer")
@@ -55,7 +57,6 @@ def run(
     ),
 ) -> None:
     """Run one service until it is told to stop."""
-    from grpo_stream.config import ConfigError, load_config
     from grpo_stream.logs import setup_logging
     from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
@@ -69,15 +70,19 @@ def run(
                 "security.curve=true",
                 f"security.keys_dir={json.dumps(str(keys_dir))}",
             ]
-        try:
-            cfg = load_config(config, overrides)
-        except ConfigError as exc:
-            fail(str(exc))
+        cfg = _grouper_config(config, overrides)
+        held = _lock(cfg.run.run_dir)  # noqa: F841 - held until this process exits
         log = setup_logging("grouper", name, cfg.run.run_dir, log_level, console_json=log_json)
         log.info("config.resolved", config=cfg.model_dump(mode="json"))
+        from grpo_stream.exits import EXIT_ABORTED
+        from grpo_stream.hub.watchdog import StallAbort
         from grpo_stream.services.grouper import run_grouper
 
-        raise typer.Exit(run_grouper(cfg, resume=resume))
+        try:
+            code = run_grouper(cfg, resume=resume)
+        except StallAbort as exc:
+            fail(f"stalled: {exc}", code=EXIT_ABORTED)
+        raise typer.Exit(code)
     if hub is None:
         fail(f"`grpo-stream run {service}` needs --hub tcp://HOST:PORT")
     if config is not None or overrides:
@@ -88,6 +93,29 @@ def run(
     transport = TransportSettings()
     setup_logging(service, name, None, log_level, console_json=log_json)
     _run_client(service, hub, name, transport, security, resume, (log_level, log_json), throttle)
+
+
+def _grouper_config(config: Path | None, overrides: list[str]) -> RunConfig:
+    """The hub's run config, pre-flight checked (the model may live on other hosts)."""
+    from grpo_stream.config import ConfigError, load_config
+    from grpo_stream.preflight import PreflightError, check_config_file, preflight
+
+    try:
+        check_config_file(config)
+        cfg = load_config(config, overrides)
+        preflight(cfg, local_model=False)
+    except (ConfigError, PreflightError) as exc:
+        fail(str(exc))
+    return cfg
+
+
+def _lock(run_dir: Path) -> RunLock | None:
+    from grpo_stream.launch.runlock import RunLocked, acquire
+
+    try:
+        return acquire(Path(run_dir), "run grouper")
+    except RunLocked as exc:
+        fail(str(exc))
 
 
 def _run_client(

@@ -37,7 +37,16 @@ def status(
     ),
     timeout_s: float = typer.Option(5.0, "--timeout", help="Seconds to wait for the hub."),
 ) -> None:
-    """Show the services of a running pipeline: hosts, versions, throughput, credits, counts."""
+    """Show the services of a running pipeline: hosts, versions, throughput, credits, counts.
+
+    On a run that is over (its run directory unlocked), the final state from the run
+    directory instead: steps, counters, last metrics and how it ended."""
+    if hub is None and run_dir is not None and _over(run_dir):
+        from grpo_stream.launch.final import final_state, render_final
+
+        state = final_state(run_dir)
+        typer.echo(json.dumps(state) if json_out else render_final(state))
+        return
     address = _address(hub, run_dir)
     if watch > 0 and not json_out:
         from rich.live import Live
@@ -53,6 +62,15 @@ def status(
     from rich.console import Console
 
     Console().print(_table(snapshot))
+
+
+def _over(run_dir: Path) -> bool:
+    """Nobody holds the run directory: no `up` and no hub of it is alive."""
+    from grpo_stream.launch.runlock import is_held
+
+    if not run_dir.is_dir():
+        fail(f"{run_dir} is not a run directory")
+    return not is_held(run_dir)
 
 
 def _address(hub: str | None, run_dir: Path | None) -> str:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from grpo_stream.cli.common import fail
+
+if TYPE_CHECKING:
+    from grpo_stream.config import RunConfig
+    from grpo_stream.launch.runlock import RunLock
 
 
 def up(
@@ -20,12 +25,17 @@ def up(
     max_steps: int = typer.Option(
         None, "--max-steps", help="Trainer steps (overrides run.max_steps)."
     ),
-    sync: bool = typer.Option(False, "--sync", help="On-policy: hub.max_staleness = 0."),
+    sync: bool = typer.Option(
+        False, "--sync", metavar="", help="On-policy: hub.max_staleness = 0 (a flag)."
+    ),
     resume: bool = typer.Option(
-        False, "--resume", help="Resume from the run directory's checkpoints."
+        False, "--resume", metavar="", help="Resume from the run directory's checkpoints."
     ),
     verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="Show every event, not only the important ones."
+        False, "--verbose", "-v", metavar="", help="Show every event, not only the important ones."
+    ),
+    check: bool = typer.Option(
+        False, "--check", metavar="", help="Only run the pre-flight checks: exit 0 if all pass."
     ),
     cluster: Path = typer.Option(
         None, "--cluster", help="Cluster TOML: which host runs which service, and how."
@@ -39,7 +49,9 @@ def up(
     from grpo_stream.hardware.cluster import ClusterError
     from grpo_stream.launch import cluster as launch
     from grpo_stream.launch.console import RunConsole
+    from grpo_stream.launch.outcome import write_outcome
     from grpo_stream.launch.up import LaunchError, Up
+    from grpo_stream.preflight import PreflightError, check_config_file
 
     hosts = None
     if cluster is not None:
@@ -60,33 +72,65 @@ def up(
     if sync:
         extra.append("hub.max_staleness=0")
     try:
+        check_config_file(config)
         cfg = load_config(config, (launch.config_overrides(hosts) if hosts else []) + extra)
-    except ConfigError as exc:
+    except (ConfigError, PreflightError) as exc:
         fail(str(exc))
+    if check:
+        _check_only(cfg, local_model=hosts is None)
+    # a dry run takes nothing: no lock, no run directory, no saved placement
+    lock = None if dry_run else _take_run_dir(cfg, resume, local_model=hosts is None)
     rd = Path(cfg.run.run_dir)
-    if not dry_run and not resume and (rd / "metrics.jsonl").exists():
-        fail(f"{rd} already holds a run: pass --resume to continue it or --run-dir for a new one")
     try:
         placement, notes = placement_for_run(
-            cfg, hosts, cluster, resume, save=not dry_run, environ=dict(os.environ)
+            cfg, hosts, cluster, resume, save=lock is not None, environ=dict(os.environ)
         )
         if hosts is not None:  # rank 0 where the placement put it, ranks as it counts them
             cfg = load_config(config, placed.cluster_overrides(hosts, placement) + extra)
     except (PlacementError, ClusterError, ConfigError) as exc:
         fail(str(exc))
     resolved = rd / "config.toml"
-    console = RunConsole(level="debug" if verbose else "info", quiet=not verbose)
+    console = RunConsole(
+        level="debug" if verbose else "info", quiet=not verbose, every=cfg.run.console_every
+    )
     up_run = Up(cfg, resolved, resume, console, place_hub=placed.hub_placer(placement, hosts))
-    if dry_run:
+    if lock is None:
         typer.echo("\n".join(placed.dry_run(cfg, placement, up_run.hub_spec(), resume, hosts)))
         return
-    rd.mkdir(parents=True, exist_ok=True)
     resolved.write_text(cfg.to_toml())
     for note in notes:
         console.note(note)
     try:
         result = up_run.run(lambda hub: placed.placed_specs(cfg, placement, hub, resume, hosts))
     except LaunchError as exc:
+        write_outcome(rd, "failed", console.steps, str(exc))
         fail(str(exc), code=1)
+    finally:
+        lock.release()
+    write_outcome(rd, "completed" if result.completed else "interrupted", result.steps)
     if not result.completed:
         fail(f"stopped after {result.steps} steps (resume with --resume --run-dir {rd})", code=130)
+
+
+def _take_run_dir(cfg: RunConfig, resume: bool, local_model: bool) -> RunLock:
+    """Pre-flight, then the run directory's lock (held until released or this process ends)."""
+    from grpo_stream.launch.prepare import StartError, start_run
+
+    try:
+        return start_run(cfg, resume, local_model=local_model)
+    except StartError as exc:
+        fail(str(exc))
+
+
+def _check_only(cfg: RunConfig, local_model: bool) -> NoReturn:
+    """`up --check`: the pre-flight checks alone, one line each; exit 0, or 2 at the first
+    that fails."""
+    from grpo_stream.preflight import PreflightError, preflight
+
+    try:
+        lines = preflight(cfg, local_model=local_model)
+    except PreflightError as exc:
+        fail(str(exc))
+    for line in lines:
+        typer.echo(f"ok  {line}")
+    raise typer.Exit(0)

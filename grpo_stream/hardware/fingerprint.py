@@ -34,10 +34,10 @@ def fingerprint_host(
     try:
         raw = read_nvml(nvml)
     except NvmlUnavailable as exc:
-        log.info("fingerprint.cpu", reason=exc.error)
+        log.debug("fingerprint.cpu", reason=exc.error)  # expected on a CPU host
         return _cpu_host(host, benchmark, seconds, exc.error, cache)
     if not raw["devices"]:
-        log.info("fingerprint.cpu", reason="no NVML devices")
+        log.debug("fingerprint.cpu", reason="no NVML devices")
         return _cpu_host(host, benchmark, seconds, "no NVML devices", cache)
     devices = [derive_gpu(d, index=i, host=host) for i, d in enumerate(raw["devices"])]
     unknown = {d.index: sorted(d.raw["errors"]) for d in devices if d.raw and d.raw["errors"]}

@@ -89,6 +89,7 @@ class ScoreModel:
         self.weights = Weights(s.alpha, s.beta, s.gamma)
         self.fitted = False
         self._samples: dict[str, deque[tuple[Vector, float]]] = {}
+        self._said_unfit = False  # a refit that cannot run is said once, then at debug
 
     def score(self, features: Features) -> float:
         """HPM of one device (tokens/s once refit, arbitrary units before)."""
@@ -147,7 +148,11 @@ class ScoreModel:
 
     def _log(self, result: FitResult) -> FitResult:
         w = result.weights
-        log.info(
+        level = log.info
+        if not result.used:
+            level = log.debug if self._said_unfit else log.info
+            self._said_unfit = True
+        level(
             "hpm.refit",
             used=result.used,
             reason=result.reason,

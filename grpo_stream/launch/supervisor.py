@@ -27,6 +27,7 @@ QUIET_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TQDM_DISABLE": "1",
     "TRANSFORMERS_VERBOSITY": "error",
+    "VLLM_CONFIGURE_LOGGING": "0",  # vLLM's records reach the service's JSON log instead
 }
 
 

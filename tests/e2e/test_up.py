@@ -88,3 +88,12 @@ def test_bad_config_value_exits_with_one_line(tmp_path: Path) -> None:
     result = run_up(tmp_path / "r", "--set", "generator.group_size=0", timeout=60)
     assert result.returncode != 0
     assert "generator.group_size" in result.stderr
+
+
+def test_each_checkpoint_is_saved_once(finished_run: Path) -> None:
+    events = [
+        json.loads(line)
+        for line in (finished_run / "logs" / "trainer-trainer-0.jsonl").read_text().splitlines()
+    ]
+    saved = [e["step"] for e in events if e["event"] == "checkpoint.saved"]
+    assert STEPS in saved and saved == sorted(set(saved))  # the last step too, once each

@@ -58,3 +58,17 @@ def test_logs_command_prints_merged_json(tmp_path: Path) -> None:
 def test_logs_command_fails_on_missing_dir(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["logs", str(tmp_path / "nope")])
     assert result.exit_code != 0
+
+
+def test_library_log_records_land_in_the_service_file_marked_with_their_logger(
+    tmp_path: Path,
+) -> None:
+    import logging
+
+    setup_logging("generator", "g0", tmp_path, console=False)
+    logging.getLogger("vllm.engine").info("KV cache %d blocks", 12)
+    lines = (tmp_path / "logs" / "generator-g0.jsonl").read_text().splitlines()
+    event = json.loads(lines[-1])
+    assert event["event"] == "library.log" and event["logger"] == "vllm.engine"
+    assert event["message"] == "KV cache 12 blocks" and event["level"] == "info"
+    assert event["service"] == "generator"

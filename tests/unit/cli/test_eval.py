@@ -117,3 +117,10 @@ def test_eval_of_an_unknown_task_is_a_config_error() -> None:
     result = CliRunner().invoke(app, ["eval", "--task", "chess"])
     assert result.exit_code == 2
     assert "task.name" in result.output
+
+
+def test_a_missing_checkpoint_is_one_line_naming_the_option(tmp_path):
+    missing = tmp_path / "checkpoints" / "step-200"
+    result = CliRunner().invoke(app, ["eval", "--model", str(missing)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: --model: {missing} does not exist"

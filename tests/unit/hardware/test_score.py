@@ -186,3 +186,12 @@ def test_without_reports_expected_throughput_is_the_score():
     model = ScoreModel()
     features = {"b": _features("l4")}
     assert expected_throughput(model, features, {}) == {"b": model.score(features["b"])}
+
+
+def test_a_refit_that_cannot_run_is_said_once_then_at_debug():
+    model = ScoreModel()
+    with capture_logs() as logs:
+        for _ in range(3):
+            model.refit()
+    levels = [e["log_level"] for e in logs if e["event"] == "hpm.refit"]
+    assert levels == ["info", "debug", "debug"]

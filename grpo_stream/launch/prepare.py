@@ -1,0 +1,40 @@
+"""What `up` does before it starts any service: pre-flight, the run directory's lock, and
+the refusal to overwrite a finished run. Every failure is one line (`StartError`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_stream.config import RunConfig
+from grpo_stream.launch.outcome import clear_outcome
+from grpo_stream.launch.runlock import RunLock, RunLocked, acquire, export_owner
+from grpo_stream.preflight import PreflightError, preflight
+
+
+class StartError(RuntimeError):
+    """The run cannot start; the message is one line saying why and what to do."""
+
+
+def start_run(cfg: RunConfig, resume: bool, local_model: bool = True) -> RunLock:
+    """Check the inputs (creating nothing), then take the run directory. The lock is held
+    until the returned RunLock is released or this process ends; the services started after
+    this run under it."""
+    try:
+        preflight(cfg, local_model=local_model)
+    except PreflightError as exc:
+        raise StartError(str(exc)) from None
+    rd = Path(cfg.run.run_dir)
+    try:
+        lock = acquire(rd, "up")
+    except RunLocked as exc:
+        raise StartError(str(exc)) from None
+    if lock is None:  # only a hub started by `up` runs under another's lock
+        raise StartError(f"{rd} is held by the `up` that started this process")
+    if not resume and (rd / "metrics.jsonl").exists():
+        lock.release()
+        raise StartError(
+            f"{rd} already holds a run: pass --resume to continue it or --run-dir for a new one"
+        )
+    export_owner(lock)
+    clear_outcome(rd)
+    return lock
