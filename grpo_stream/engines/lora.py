@@ -31,10 +31,13 @@ from grpo_stream.models.adapter import (
     LoraSettings,
     base_fingerprint,
     check_base,
+    split_adapter,
 )
 
 if TYPE_CHECKING:
     import torch
+
+    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 log = structlog.get_logger()
 
@@ -220,6 +223,29 @@ class VLLMAdapter:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
         log.info("engine.lora_swapped", engine="vllm", version=version,
                  lora_id=request.lora_int_id)  # fmt: skip
+
+
+def fetch_adapter(
+    address: str, version: int, transport: TransportSettings, security: SecuritySettings
+) -> tuple[int, AdapterManifest, list[tuple[str, torch.Tensor]]]:
+    """Fetch one version from the weight server; it must be an adapter version."""
+    import zmq
+
+    from grpo_stream.engines.base import to_torch
+    from grpo_stream.transport.fetch import fetch_weights
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        got, named = fetch_weights(ctx, address, transport, security, version=version)
+    finally:
+        ctx.destroy(linger=0)
+    found = split_adapter([(name, to_torch(value)) for name, value in named])
+    if found is None:
+        raise AdapterError(
+            f"weights version {got} from {address} is full weights, not a LoRA adapter: "
+            "set trainer.lora.enabled the same on the trainer and the generators"
+        )
+    return got, found[0], found[1]
 
 
 def vllm_lora_args(settings: LoraSettings) -> dict[str, Any]:

