@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from grpo_stream.algo.settings import AlgoSettings
 from grpo_stream.hardware.settings import HardwareSettings
+from grpo_stream.models.adapter import LoraSettings
 from grpo_stream.tasks.settings import TaskSettings
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 
@@ -223,6 +224,8 @@ class TrainerSettings(BaseModel):
     """Host other machines use to reach the trainer (defaults to the bound host)."""
     fault_nan_step: int | None = None
     """Test hook: inject a NaN into the loss at this step to exercise rollback."""
+    lora: LoraSettings = LoraSettings()
+    """LoRA: train and publish a peft adapter instead of all weights."""
 
 
 class RunConfig(BaseModel):
@@ -268,6 +271,15 @@ class RunConfig(BaseModel):
                 f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must exceed "
                 f"generator.max_tokens ({self.generator.max_tokens}) plus the prompt: it has "
                 "to hold the longest sequence"
+            )
+        if (
+            self.trainer.lora.enabled
+            and self.trainer.ranks > 1
+            and self.trainer.parallel == "fsdp2"
+        ):
+            raise ValueError(
+                "trainer.lora.enabled does not work with trainer.parallel='fsdp2' (the adapter "
+                "is small: use trainer.parallel='ddp', which all-reduces only its gradients)"
             )
         return self
 

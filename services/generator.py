@@ -261,7 +261,12 @@ def run_generator(
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
     engine = make_engine(
-        cfg.generator.engine, cfg.model, cfg.generator, cfg.transport, link.security
+        cfg.generator.engine,
+        cfg.model,
+        cfg.generator,
+        cfg.transport,
+        link.security,
+        lora=cfg.trainer.lora,
     )
     log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from grpo_stream.cli import eval as eval_cmd
+from grpo_stream.cli import export as export_cmd
 from grpo_stream.cli import fingerprint, keys, logs, plan, run, status, up
 
 app = typer.Typer(
@@ -22,6 +23,7 @@ app.command("fingerprint")(fingerprint.fingerprint)
 app.command("plan")(plan.plan)
 app.command("eval")(eval_cmd.evaluate)
 app.command("status")(status.status)
+app.command("export")(export_cmd.export)
 
 
 def main() -> None:

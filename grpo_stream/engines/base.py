@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo_stream.config import GeneratorSettings, ModelSettings
+    from grpo_stream.models.adapter import LoraSettings
     from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 
@@ -135,11 +136,13 @@ def make_engine(
     transport: TransportSettings,
     security: SecuritySettings,
     device: str | None = None,
+    lora: LoraSettings | None = None,
 ) -> Engine:
     """Build the engine a generator runs: `hf` (transformers) or `vllm`.
 
     `device` is "cpu", "cuda" or "cuda:N" (default: a GPU when one is visible). vLLM picks
-    its GPU itself: select it with CUDA_VISIBLE_DEVICES.
+    its GPU itself: select it with CUDA_VISIBLE_DEVICES. `lora` (the trainer's
+    `trainer.lora`): vLLM must enable LoRA at start; hf recognises adapter versions itself.
     """
     if name == "hf":
         from grpo_stream.engines.hf import HFEngine
@@ -153,5 +156,5 @@ def make_engine(
             )
         from grpo_stream.engines.vllm import VLLMEngine
 
-        return VLLMEngine.from_settings(model, generator, transport, security, device)
+        return VLLMEngine.from_settings(model, generator, transport, security, device, lora=lora)
     raise ValueError(f"unknown engine {name!r}: expected 'hf' or 'vllm'")

@@ -38,6 +38,7 @@ from grpo_stream.engines.base import (
     resolve_device,
     to_torch,
 )
+from grpo_stream.models.adapter import split_adapter
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class HFEngine:
         self._pad_id = int(pad) if pad is not None else min(self._eos_ids)
         self._zmq_ctx: Any = None
         self._replica: Replica | None = None  # wire arrays of the version held (delta base)
+        self._lora: Any = None  # engines.lora.HFAdapter once an adapter version arrives
         # transformers 5 renamed the forward argument past_key_values to cache.
         forward_args = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -252,10 +254,17 @@ class HFEngine:
 
         start = time.perf_counter()
         items = [(name, to_torch(value)) for name, value in named]
-        plan = plan_weight_update(self.model, items)
-        with torch.no_grad():
-            for target, source in plan:
-                target.copy_(source)
+        adapter = split_adapter(items)  # LoRA: a version is an adapter and its manifest
+        if adapter is not None:
+            from grpo_stream.engines.lora import HFAdapter
+
+            self._lora = self._lora or HFAdapter(self.model)
+            self._lora.apply(*adapter)
+        else:
+            plan = plan_weight_update(self.model, items)
+            with torch.no_grad():
+                for target, source in plan:
+                    target.copy_(source)
         self.version = version
         log.info(
             "engine.weights_loaded",

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo_stream.config import GeneratorSettings, ModelSettings
+    from grpo_stream.models.adapter import LoraSettings
 
 log = structlog.get_logger()
 
@@ -63,6 +64,7 @@ class VLLMEngine:
         self.version = version
         self._transport = transport or TransportSettings()
         self._security = security or SecuritySettings()
+        self._lora: Any = None  # engines.lora.VLLMAdapter when serving LoRA adapter versions
 
     @classmethod
     def from_settings(
@@ -74,14 +76,21 @@ class VLLMEngine:
         device: str | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
+        lora: LoraSettings | None = None,
     ) -> VLLMEngine:
-        """Start vLLM on `model.name_or_path` (`device` only picks the dtype for "auto")."""
+        """Start vLLM on `model.name_or_path` (`device` only picks the dtype for "auto").
+        With `lora` enabled, vLLM serves each published adapter version as a LoRARequest."""
         from vllm import LLM
 
         from grpo_stream.models.loading import resolve_model
 
         dev = resolve_device(device)
         path = resolve_model(model.name_or_path)
+        lora_args: dict[str, Any] = {}
+        if lora is not None and lora.enabled:
+            from grpo_stream.engines.lora import vllm_lora_args
+
+            lora_args = vllm_lora_args(lora)
         with long_wait("model.load", engine="vllm", model=model.name_or_path):
             llm = LLM(
                 model=path,
@@ -96,9 +105,15 @@ class VLLMEngine:
                 worker_extension_cls=WORKER_EXTENSION,
                 logprobs_mode="processed_logprobs",
                 generation_config="vllm",
+                **lora_args,
             )
         log.info("engine.loaded", engine="vllm", model=model.name_or_path, device=dev)
-        return cls(llm, transport, security)
+        engine = cls(llm, transport, security)
+        if lora_args:
+            from grpo_stream.engines.lora import VLLMAdapter
+
+            engine._lora = VLLMAdapter(llm, path, model.name_or_path)
+        return engine
 
     def generate(
         self,
@@ -127,7 +142,8 @@ class VLLMEngine:
             for _ in prompts
         ]
         start = time.perf_counter()
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        adapter = None if self._lora is None else self._lora.request  # None: the base model
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=adapter)
         groups = [_group(out) for out in outputs]
         tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
         seconds = time.perf_counter() - start
@@ -162,7 +178,17 @@ class VLLMEngine:
         self._after_update(version)
 
     def update_from_server(self, address: str, version: int) -> int:
-        """Every worker fetches `version` (-1: newest) itself and applies it; the version got."""
+        """Every worker fetches `version` (-1: newest) itself and applies it; the version got.
+        LoRA: this process fetches the (small) adapter and hands it to vLLM instead."""
+        if self._lora is not None:
+            from grpo_stream.engines.lora import fetch_adapter
+
+            version_got, manifest, tensors = fetch_adapter(
+                address, version, self._transport, self._security
+            )
+            self._lora.apply(manifest, tensors, version_got)
+            self._after_update(version_got)
+            return self.version
         got = self.llm.collective_rpc(
             "update_from_server",
             args=(

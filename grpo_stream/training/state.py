@@ -35,6 +35,7 @@ from grpo_stream.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from grpo_stream.training.lora import LoraPolicy
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
 
 log = structlog.get_logger()
@@ -65,6 +66,7 @@ class TrainState:
     world_size: int = 1
     rank: int = 0
     fault_fired: bool = False
+    lora: LoraPolicy | None = None  # with trainer.lora.enabled (the model is then peft's)
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
@@ -75,19 +77,34 @@ class TrainState:
         sharded = world > 1 and cfg.trainer.parallel == "fsdp2"
         source = cfg.model.name_or_path
         ckpt = latest_checkpoint(Path(cfg.run.run_dir)) if resume else None
+        lora_on = cfg.trainer.lora.enabled  # LoRA: the base from source, the adapter from ckpt
         model = load_policy(
-            str(ckpt) if ckpt else source, dtype=cfg.model.dtype, device="cpu", trainable=True
+            str(ckpt) if ckpt and not lora_on else source,
+            dtype=cfg.model.dtype,
+            device="cpu",
+            trainable=True,
         )
+        lora = None
+        if lora_on:
+            from grpo_stream.training.lora import wrap_policy
+
+            model, lora = wrap_policy(model, cfg.trainer.lora, source, ckpt)
         if sharded:
             from grpo_stream.training.fsdp import shard_model
 
             shard_model(model)  # before the optimizer, which must hold the DTensor parameters
         tokenizer = load_tokenizer(source)
         ref = None
-        if cfg.algo.loss.beta > 0:
+        if cfg.algo.loss.beta > 0 and lora is not None:
+            from grpo_stream.training.lora import AdapterDisabled
+
+            ref = AdapterDisabled(model)  # the base with the adapter off: no second copy
+            log.info("lora.reference_shared", saved_mb=round(ref.saved_bytes / 2**20, 1))
+        elif cfg.algo.loss.beta > 0:
             ref = load_policy(source, dtype=cfg.model.dtype, device="cpu", trainable=False)
         t = cfg.trainer
-        optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
+        optimizer = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay)
         warm = t.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
@@ -97,7 +114,7 @@ class TrainState:
         regularizer = GradRegularizer(cfg.algo.regularizer, sharded=world == 1 or sharded)
         guard = RollbackGuard(cfg.algo.rollback)
         state = cls(cfg, model, tokenizer, ref, optimizer, scheduler, regularizer, guard)
-        state.world_size, state.rank, state.fsdp = world, rank, sharded
+        state.world_size, state.rank, state.fsdp, state.lora = world, rank, sharded, lora
         if ckpt is not None:
             state._load(ckpt)
         if world > 1 and not sharded:
@@ -172,6 +189,8 @@ class TrainState:
             from grpo_stream.training.fsdp import full_model_state
 
             return iter(full_model_state(self.model).items())
+        if self.lora is not None:
+            return self.lora.named_weights(self.model)  # the adapter and its manifest only
         return iter(self.model.state_dict().items())
 
     # ----- the update -------------------------------------------------------------------
