@@ -48,6 +48,10 @@ class Grouper:
     """The hub service."""
 
     def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
+        # `assemble` needs torch: import it now, not on the first Scored, where seconds of
+        # import would stall the loop past every peer's heartbeat deadline
+        import torch  # noqa: F401
+
         from grpo_stream.tasks import make_task
 
         self.cfg = cfg
@@ -268,8 +272,7 @@ class Grouper:
     def _on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
         if not self.ledger.accept_rollout(msg.group_id):
             return
-        stale_by = self.ledger.next_version - msg.policy_version
-        if stale_by > self.cfg.hub.max_staleness:
+        if self.ledger.is_stale(msg.policy_version):
             self.ledger.finish(msg.group_id, "stale")
             return
         self.rollouts[msg.group_id] = msg
@@ -335,7 +338,7 @@ class Grouper:
             )
             return
         self.policy_version = msg.trainer_version  # follows a restarted trainer back, too
-        self.ledger.next_version = msg.trainer_version
+        self.ledger.observe_trainer(msg.trainer_version)
         self.desk.add(peer.identity, msg)
 
     # ----- work out ---------------------------------------------------------------------
