@@ -28,6 +28,7 @@ import structlog
 
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
+from grpo_stream.hub import guard
 from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.journal import SendJournal
@@ -49,6 +50,10 @@ class Grouper:
     """The hub service."""
 
     def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
+        # `assemble` needs torch: import it now, not on the first Scored, where seconds of
+        # import would stall the loop past every peer's heartbeat deadline
+        import torch  # noqa: F401
+
         from grpo_stream.tasks import make_task
 
         self.cfg = cfg
@@ -209,6 +214,10 @@ class Grouper:
             m.Shutdown: self._on_shutdown,
         }
         handler = handlers.get(type(msg))
+        wrong_role = guard.check_role(peer.service, msg)
+        if wrong_role is not None:
+            self._refuse(identity, "wrong_role", wrong_role, msg.KIND)
+            return
         if handler is None:
             self.server.rejected["unexpected_kind"] += 1
             self.server.send(
@@ -217,7 +226,20 @@ class Grouper:
             return
         handler(peer, msg)
 
+    def _refuse(self, identity: bytes, code: str, reason: str, kind: str) -> None:
+        """A message that fails a check against the hub's state: counted, answered, logged
+        (rate-limited); nothing changed."""
+        self.server.rejected[code] += 1
+        count = self._warn.allow(f"refused:{code}")
+        if count is not None:
+            log.warning("hub.refused", code=code, reason=reason, kind=kind, count=count)
+        self.server.send(identity, m.Error(code=code, message=reason, in_reply_to=kind))
+
     def _on_hello(self, identity: bytes, hello: m.Hello) -> None:
+        refused = guard.check_hello(hello, self.registry)
+        if refused is not None:
+            self._refuse(identity, "bad_hello", refused, hello.KIND)
+            return
         old = self.registry.peers.get(hello.instance)
         if old is not None:  # a restarted instance: what it held is re-dispatched
             self.ledger.release_holder(old.instance)
@@ -270,15 +292,22 @@ class Grouper:
             self._stop = True
 
     def _on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
+        refused = guard.check_rollout(msg, self.cfg.generator.group_size)
+        if refused is not None:
+            self._refuse(peer.identity, "bad_rollout", refused, msg.KIND)
+            return
         if not self.ledger.accept_rollout(msg.group_id):
             return
-        stale_by = self.ledger.next_version - msg.policy_version
-        if stale_by > self.cfg.hub.max_staleness:
+        if self.ledger.is_stale(msg.policy_version):
             self.ledger.finish(msg.group_id, "stale")
             return
         self.rollouts[msg.group_id] = msg
 
     def _on_scored(self, peer: Peer, msg: m.Scored) -> None:
+        refused = guard.check_scored(msg, self.rollouts.get(msg.group_id))
+        if refused is not None:
+            self._refuse(peer.identity, "bad_scored", refused, msg.KIND)
+            return
         rollout = self.rollouts.pop(msg.group_id, None)
         if rollout is None or not self.ledger.accept_scored(msg.group_id):
             return
@@ -338,8 +367,12 @@ class Grouper:
                 ),
             )
             return
-        self.policy_version = msg.trainer_version  # follows a restarted trainer back, too
-        self.ledger.next_version = msg.trainer_version
+        refused = guard.check_batch_request(msg, self.desk, self.cfg.hub.max_staleness)
+        if refused is not None:
+            self._refuse(peer.identity, "bad_batch_request", refused, msg.KIND)
+            return
+        self.policy_version = msg.trainer_version
+        self.ledger.observe_trainer(msg.trainer_version)
         self.desk.add(peer.identity, msg)
 
     # ----- work out ---------------------------------------------------------------------

@@ -2,8 +2,10 @@
 weights, write metrics and checkpoints.
 
 Invariants:
-- the policy version equals the number of optimizer steps applied; it only grows, also
-  across restarts (a restarted trainer resumes from its newest complete checkpoint);
+- the policy version grows by one per optimizer step applied and is unique forever: each
+  is recorded (`grpo_stream.training.versions`) before it is announced, and a trainer
+  resumed from a checkpoint older than the newest announced version continues above it by
+  more than `hub.max_staleness`, so the discarded timeline's rollouts are stale;
 - a version is published (complete snapshot, then announce) before a batch request that
   names it reaches the hub, so the hub never asks generators for a version that will not come;
 - a non-finite loss or gradient never reaches the weights (rollback of the GRPO core).
@@ -25,6 +27,7 @@ from grpo_stream.exits import EXIT_HUB_GONE
 from grpo_stream.protocols import messages as m
 from grpo_stream.runtime import HubLink, StopFlag
 from grpo_stream.training.sinks import Sink, make_sinks
+from grpo_stream.training.versions import VersionMark, resumed_version
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 log = structlog.get_logger()
@@ -46,6 +49,9 @@ class Trainer:
         self.stop = stop
         self.run_dir = Path(self.cfg.run.run_dir)
         self.state = TrainState.create(self.cfg, resume=resume)
+        self.versions = VersionMark(self.run_dir)
+        if resume:
+            self._continue_versions()
         self.server: Any = None
         self.metrics: Any = None
         self.sinks: list[Sink] = []
@@ -54,6 +60,18 @@ class Trainer:
         self.attempt = 0  # times the current step was skipped (BatchRequest.attempt)
         self._reporter: subprocess.Popen[bytes] | None = None
         self._next_report = time.monotonic() + 30.0
+
+    def _continue_versions(self) -> None:
+        mark = self.versions.highest()
+        version = resumed_version(self.state.version, mark, self.cfg.hub.max_staleness)
+        if version != self.state.version:
+            log.warning(
+                "trainer.versions_continued",
+                checkpoint_version=self.state.version,
+                announced_up_to=mark,
+                version=version,
+            )
+            self.state.version = version
 
     def start(self) -> None:
         """Rank 0: bind the weight server, publish the current version, tell the hub where
@@ -95,6 +113,7 @@ class Trainer:
         weights = self.state.named_weights()  # collective under FSDP2
         if self.server is None:
             return
+        self.versions.record(self.state.version)  # durable before anyone hears of it
         self.server.publish(self.state.version, weights)
         log.info(
             "weights.published",

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.hub.ledger import staleness
 from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group
 from grpo_stream.protocols.messages import Rollout, Scored, TrainBatch
@@ -90,7 +91,7 @@ def build_batch(
         versions=np.array(versions, dtype=np.int32),
         stats={
             **stats,
-            "staleness_mean": float(np.mean([trainer_version - v for v in versions]))
+            "staleness_mean": float(np.mean([staleness(trainer_version, v) for v in versions]))
             if versions
             else 0.0,
         },

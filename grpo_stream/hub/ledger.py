@@ -12,6 +12,9 @@ A Rollout or Scored for a group that is no longer at that stage (a duplicate fro
 declared lost that came back, or a re-dispatched copy that lost the race) is dropped and
 counted, so nothing reaches the trainer twice.
 
+Versions and staleness have this one owner: `observe_trainer` (what the trainer's requests
+say), `is_stale` and `staleness`; the buffer, the batch desk and the rollout gate ask it.
+
 The gate: a prompt dispatched now sits behind `in_pipeline` others; those are consumed
 `groups_per_step` per trainer step starting at `next_version`, so it will be trained at
 version next_version + position // groups_per_step. It is dispatched only if that is at
@@ -57,6 +60,16 @@ class Ledger:
     to_score: deque[int] = field(default_factory=deque)
     counters: Counter[str] = field(default_factory=Counter)
     _next_lease: int = 1
+
+    # ----- versions and staleness: the one owner ----------------------------------------
+    def observe_trainer(self, version: int) -> None:
+        """The trainer's version, as its batch request names it (versions are unique: a
+        resumed trainer publishes above every version it announced before)."""
+        self.next_version = version
+
+    def is_stale(self, version: int) -> bool:
+        """True if what `version` generated is too old to train at the trainer's version."""
+        return staleness(self.next_version, version) > self.max_staleness
 
     # ----- dispatch -------------------------------------------------------------------
     def in_pipeline(self) -> int:
@@ -263,6 +276,12 @@ class Ledger:
                     self.to_score.append(gid)
             else:
                 self.stage[gid] = stage
+
+
+def staleness(trainer_version: int, version: int) -> int:
+    """How many policy versions `version` is behind `trainer_version`; never negative (a
+    version the hub has not yet heard the trainer name is not behind it)."""
+    return max(0, trainer_version - version)
 
 
 def now() -> float:

@@ -3,18 +3,22 @@
 Invariants:
 - it never holds more than `capacity` groups; the oldest are evicted first;
 - a group is handed out at most `reuse` times;
-- a group whose policy version is more than `max_staleness` behind the trainer is never
-  handed out: it is evicted and reported as stale (counted by the caller's ledger).
+- a group the ledger calls stale (`Ledger.is_stale`: more than `max_staleness` versions
+  behind the trainer) is never handed out: it is evicted and reported as stale (counted by
+  the ledger).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+
+IsStale = Callable[[int], bool]
+"""Whether a policy version is too old to train now: `Ledger.is_stale`, the one owner."""
 
 
 @dataclass
@@ -118,22 +122,22 @@ class ReplayBuffer:
             evicted.append(self._groups.pop(0))
         return evicted
 
-    def evict_stale(self, trainer_version: int, max_staleness: int) -> list[Group]:
-        """Remove and return every group too old to train at `trainer_version`."""
+    def evict_stale(self, is_stale: IsStale) -> list[Group]:
+        """Remove and return every group too old to train now (`is_stale`: the ledger's)."""
         keep: list[Group] = []
         stale: list[Group] = []
         for g in self._groups:
-            (stale if trainer_version - g.policy_version > max_staleness else keep).append(g)
+            (stale if is_stale(g.policy_version) else keep).append(g)
         self._groups = keep
         return stale
 
-    def ready(self, trainer_version: int, max_staleness: int) -> int:
+    def ready(self, is_stale: IsStale) -> int:
         """How many groups could be handed out now."""
-        return sum(1 for g in self._groups if trainer_version - g.policy_version <= max_staleness)
+        return sum(1 for g in self._groups if not is_stale(g.policy_version))
 
-    def sample(self, n: int, trainer_version: int, max_staleness: int) -> Sampled:
+    def sample(self, n: int, is_stale: IsStale) -> Sampled:
         """Hand out `n` fresh groups (fewer if not enough), evicting stale ones first."""
-        stale = self.evict_stale(trainer_version, max_staleness)
+        stale = self.evict_stale(is_stale)
         chosen = self._choose(min(n, len(self._groups)))
         first_use = []
         for g in chosen:

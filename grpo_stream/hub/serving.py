@@ -99,19 +99,18 @@ class BatchDesk:
             ranks = {r.rank: ident for ident, r in self.pending if r.step == head.step}
             if len(ranks) < world:
                 return
-            for g in self.buffer.evict_stale(head.trainer_version, self.hub.max_staleness):
+            self.ledger.observe_trainer(head.trainer_version)
+            for g in self.buffer.evict_stale(self.ledger.is_stale):
                 if g.uses == 0:
                     self.ledger.finish(g.group_id, "stale")
-            ready = self.buffer.ready(head.trainer_version, self.hub.max_staleness)
+            ready = self.buffer.ready(self.ledger.is_stale)
             if ready < self.hub.groups_per_step:
                 return
             self.pending = deque((i, r) for i, r in self.pending if r.step != head.step)
             self._send_step(head, ranks, world)
 
     def _send_step(self, head: m.BatchRequest, ranks: dict[int, bytes], world: int) -> None:
-        sampled = self.buffer.sample(
-            self.hub.groups_per_step, head.trainer_version, self.hub.max_staleness
-        )
+        sampled = self.buffer.sample(self.hub.groups_per_step, self.ledger.is_stale)
         for g, first in zip(sampled.groups, sampled.first_use, strict=True):
             if first:
                 self.ledger.finish(g.group_id, "trained")
@@ -145,7 +144,7 @@ class BatchDesk:
         self.seq = record.seq
         self.last = record
         self.history.append((record.step, record.first_uses()))
-        self.ledger.next_version = record.version + 1
+        self.ledger.observe_trainer(record.version + 1)  # its version at its next request
 
     # ----- restore ----------------------------------------------------------------------
     def replay(self, record: Sent) -> None:

@@ -163,8 +163,10 @@ class Server(_Endpoint):
         super().__init__(ctx, zmq.ROUTER, settings, name)
         # A send to a full or unknown peer raises instead of vanishing, so drops are counted.
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A restarted peer that reuses its identity takes over the old connection.
-        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # No handover: a second connection claiming an identity in use is refused, so a
+        # stranger cannot take a live peer's connection (and its TrainBatches). A restarted
+        # peer still gets its identity back: its dead process's connection closed with it.
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 0)
         secure_server(ctx, self.socket, security)
         self.address = _bind(self.socket, bind, name)
         log.info("transport.bound", socket=name, type="router", address=self.address)

@@ -3,6 +3,8 @@ trained twice, and the hub's counters prove it."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import random
 import signal
@@ -58,13 +60,34 @@ def test_trainer_killed_resumes_from_checkpoint(tmp_path: Path, background_run: 
         tmp_path / "run", STEPS, "--set", "run.restarts=2", "--set", "trainer.checkpoint_every=2"
     )
     background_run.append(run)
-    run.wait_steps(4)
-    os.kill(pid_of(run.run_dir, "trainer-0"), signal.SIGKILL)
+    run.wait_steps(5)
+    pid = pid_of(run.run_dir, "trainer-0")
+    _wait_for_new_event(run.run_dir / "logs" / "trainer-trainer-0.jsonl", "weights.published")
+    os.kill(pid, signal.SIGKILL)  # right after a publish: generators may be mid-fetch
     assert run.finish() == 0, run.output()[-3000:]
     rows = metrics(run.run_dir)
-    assert rows[-1]["policy_version"] == STEPS
+    assert rows[-1]["step"] == STEPS
     versions = [r["policy_version"] for r in rows]
-    assert max(versions) == versions[-1]  # versions keep increasing after the restart
+    assert all(a < b for a, b in itertools.pairwise(versions)), versions  # unique forever
+    applied = [
+        json.loads(line)["version"]
+        for line in (run.run_dir / "logs" / "generator-generator-0.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "weights.applied"
+    ]
+    assert all(a < b for a, b in itertools.pairwise(applied)), applied
+    gen_log = (run.run_dir / "logs" / "generator-generator-0.jsonl").read_text()
+    assert gen_log.count('"event": "generator.ready"') == 1  # it survived the trainer's death
+    assert_accounting(run.run_dir, STEPS)
+    assert_exactly_once(run.run_dir, STEPS)
+
+
+def _wait_for_new_event(path: Path, event: str, timeout: float = 60) -> None:
+    seen = path.read_text().count(f'"event": "{event}"')
+    deadline = time.monotonic() + timeout
+    while path.read_text().count(f'"event": "{event}"') == seen:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no new {event} in {path} within {timeout}s")
+        time.sleep(0.01)
 
 
 def test_hub_killed_restarts_from_its_checkpoint(tmp_path: Path, background_run: list[Run]) -> None:

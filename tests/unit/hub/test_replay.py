@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.replay import Group, ReplayBuffer
+
+
+def at(trainer_version: int, max_staleness: int = 1) -> Ledger:
+    """The ledger (owner of staleness) with the trainer at `trainer_version`."""
+    ledger = Ledger(groups_per_step=4, max_staleness=max_staleness, lease_timeout_s=10.0)
+    ledger.observe_trainer(trainer_version)
+    return ledger
 
 
 def group(gid: int, version: int = 0, adv: float = 1.0) -> Group:
@@ -33,8 +41,8 @@ def test_fifo_hands_out_each_group_once_with_reuse_one() -> None:
     buf = ReplayBuffer(capacity=8)
     for i in range(4):
         buf.add(group(i))
-    first = buf.sample(2, trainer_version=0, max_staleness=1)
-    second = buf.sample(2, trainer_version=0, max_staleness=1)
+    first = buf.sample(2, at(0).is_stale)
+    second = buf.sample(2, at(0).is_stale)
     assert [g.group_id for g in first.groups] == [0, 1]
     assert [g.group_id for g in second.groups] == [2, 3]
     assert len(buf) == 0
@@ -43,17 +51,17 @@ def test_fifo_hands_out_each_group_once_with_reuse_one() -> None:
 def test_reuse_two_hands_out_a_group_twice_first_use_flagged_once() -> None:
     buf = ReplayBuffer(capacity=8, reuse=2)
     buf.add(group(0))
-    a = buf.sample(1, 0, 1)
-    b = buf.sample(1, 0, 1)
+    a = buf.sample(1, at(0).is_stale)
+    b = buf.sample(1, at(0).is_stale)
     assert a.first_use == [True] and b.first_use == [False]
-    assert buf.sample(1, 0, 1).groups == []
+    assert buf.sample(1, at(0).is_stale).groups == []
 
 
 def test_stale_groups_are_evicted_not_handed_out() -> None:
     buf = ReplayBuffer(capacity=8)
     buf.add(group(0, version=0))
     buf.add(group(1, version=3))
-    got = buf.sample(2, trainer_version=4, max_staleness=1)
+    got = buf.sample(2, at(4).is_stale)
     assert [g.group_id for g in got.groups] == [1]
     assert [g.group_id for g in got.stale] == [0]
 
@@ -62,7 +70,7 @@ def test_priority_prefers_large_advantages() -> None:
     buf = ReplayBuffer(capacity=8, sampling="priority")
     buf.add(group(0, adv=0.1))
     buf.add(group(1, adv=2.0))
-    assert [g.group_id for g in buf.sample(1, 0, 1).groups] == [1]
+    assert [g.group_id for g in buf.sample(1, at(0).is_stale).groups] == [1]
 
 
 def test_uniform_is_seeded() -> None:
@@ -71,14 +79,14 @@ def test_uniform_is_seeded() -> None:
         buf = ReplayBuffer(capacity=16, sampling="uniform", seed=7)
         for i in range(10):
             buf.add(group(i))
-        picks.append([g.group_id for g in buf.sample(3, 0, 1).groups])
+        picks.append([g.group_id for g in buf.sample(3, at(0).is_stale).groups])
     assert picks[0] == picks[1]
 
 
 def test_state_round_trip_keeps_arrays_and_uses() -> None:
     buf = ReplayBuffer(capacity=8, reuse=2)
     buf.add(group(5, version=2))
-    buf.sample(1, 2, 1)
+    buf.sample(1, at(2).is_stale)
     other = ReplayBuffer(capacity=8, reuse=2)
     other.load_state(buf.state())
     (g,) = list(other.groups())

@@ -58,3 +58,9 @@ def test_logprob_count_mismatch_is_an_error() -> None:
     batch.behaviour_logprobs = np.zeros(1, np.float32)
     with pytest.raises(ValueError, match="behaviour log-probs"):
         to_tensors(batch, pad_id=0)
+
+
+def test_staleness_is_never_negative() -> None:
+    g = _group()  # policy version 1
+    batch = build_batch(0, [g], trainer_version=0, stats={})  # the hub lags the generator
+    assert batch.stats["staleness_mean"] == 0.0

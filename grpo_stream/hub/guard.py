@@ -1,0 +1,85 @@
+"""Checks of each message against the hub's state, before it changes anything.
+
+Invariant: a message that fails a check changes nothing; the hub answers it with an
+`Error` (code below), counts it in the server's `rejected` counters and logs it through
+the shared rate limiter. Each check returns None (accepted) or the refusal's reason.
+
+What a stranger can no longer do (without CURVE, any process on the network can connect):
+- send a Scored whose rewards do not match the group's G completions (crashed the hub);
+- ask for a batch of a step or version the trainer cannot have reached (froze the run);
+- say Hello as a second rank-0 trainer while the trainer is alive, to point every
+  generator's weight fetches at its own endpoints;
+- take over a live peer's connection by reusing its identity (the hub's ROUTER refuses a
+  second connection with an identity in use: see `grpo_stream.transport.sockets`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpo_stream.hub.registry import Registry
+from grpo_stream.hub.serving import BatchDesk
+from grpo_stream.protocols import messages as m
+
+WORKS = {m.Rollout: "generator", m.Scored: "scorer", m.BatchRequest: "trainer"}
+"""The only service that may send each kind of result."""
+
+
+def check_role(service: str, msg: m.Message) -> str | None:
+    wanted = WORKS.get(type(msg))
+    if wanted is not None and service != wanted:
+        return f"{msg.KIND} comes from a {wanted}, not a {service}"
+    return None
+
+
+def check_hello(hello: m.Hello, registry: Registry) -> str | None:
+    """Endpoints come only from the one live rank-0 trainer."""
+    if hello.service != "trainer" or hello.rank != 0:
+        if hello.endpoints:
+            return f"only the rank-0 trainer announces endpoints, not {hello.service}"
+        return None
+    for peer in registry.of("trainer"):
+        if peer.rank == 0 and peer.instance != hello.instance:
+            return f"trainer {peer.instance} (pid {peer.pid}) is rank 0 and alive"
+    for name, address in hello.endpoints.items():
+        if not isinstance(address, str) or not address.startswith(("tcp://", "ipc://")):
+            return f"endpoint {name!r} is not a tcp:// or ipc:// address"
+    return None
+
+
+def check_rollout(msg: m.Rollout, group_size: int) -> str | None:
+    offsets = np.asarray(msg.completion_offsets)
+    if len(offsets) != group_size + 1 or len(msg.texts) != group_size:
+        return f"rollout of group {msg.group_id} has {len(offsets) - 1} completions, G={group_size}"
+    n = len(msg.completion_ids)
+    if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
+        return f"rollout of group {msg.group_id}: offsets do not cover its {n} tokens"
+    if len(msg.logprobs) != n or len(msg.truncated) != group_size:
+        return f"rollout of group {msg.group_id}: logprobs/truncated do not match its tokens"
+    return None
+
+
+def check_scored(msg: m.Scored, rollout: m.Rollout | None) -> str | None:
+    if rollout is None:
+        return None  # not awaited: the ledger drops it (counted as a duplicate)
+    g = len(rollout.texts)
+    if len(msg.rewards) != g:
+        return f"scored group {msg.group_id} has {len(msg.rewards)} rewards for G={g}"
+    if np.asarray(msg.components).size != len(msg.component_names) * g:
+        return f"scored group {msg.group_id}: components are not {len(msg.component_names)}x{g}"
+    return None
+
+
+def check_batch_request(msg: m.BatchRequest, desk: BatchDesk, max_staleness: int) -> str | None:
+    """Within what the trainer can have asked: at most one step past the last served, at a
+    version at most `max_staleness + 1` past the hub's (a resumed trainer continues there)."""
+    if msg.step < 0 or msg.trainer_version < 0 or msg.attempt < 0:
+        return "negative step, version or attempt"
+    if desk.last is None:
+        return None  # nothing served yet (or forgotten): any resumed trainer is plausible
+    if msg.step > desk.last.step + 1:
+        return f"step {msg.step}: the last step served is {desk.last.step}"
+    highest = desk.ledger.next_version + max_staleness + 1
+    if msg.trainer_version > highest:
+        return f"version {msg.trainer_version}: the trainer cannot be past {highest}"
+    return None
