@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grpo_stream.algo.settings import AlgoSettings
+from grpo_stream.evaluator.settings import EvalSettings, check_eval_config
 from grpo_stream.hardware.settings import HardwareSettings
 from grpo_stream.tasks.settings import TaskSettings
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
@@ -200,6 +201,8 @@ class RunConfig(BaseModel):
     """CURVE encryption and allow-listed keys."""
     hardware: HardwareSettings = HardwareSettings()
     """Device scores, refit and roles."""
+    eval: EvalSettings = EvalSettings()
+    """Held-out evaluation during training (the evaluator service)."""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -209,6 +212,7 @@ class RunConfig(BaseModel):
             # each rank trains its own groups of the step; a rank with none would leave the
             # others waiting in their collectives
             raise ValueError("hub.groups_per_step must be at least trainer.ranks")
+        check_eval_config(self.eval.every, self.eval.task, self.task.holdout)
         return self
 
     def digest(self) -> str:

@@ -109,7 +109,7 @@ def generate(
 
 
 @dataclass
-class _Tally:
+class Tally:
     """Running sums over scored samples."""
 
     specs: list[RewardSpec]
@@ -135,7 +135,8 @@ class _Tally:
         }
 
 
-def _score(fns: list[RewardFn], tally: _Tally, problem: Problem, group: list[Sample]) -> None:
+def score_group(fns: list[RewardFn], tally: Tally, problem: Problem, group: list[Sample]) -> None:
+    """Score one problem's samples with every reward and add them to `tally`."""
     hits = 0
     for sample in group:
         values = []
@@ -183,7 +184,7 @@ def evaluate(
     specs = reward_specs(task_settings, task)
     fns = [load_reward(spec) for spec in specs]
     torch.manual_seed(seed)
-    tally = _Tally(specs=specs)
+    tally = Tally(specs=specs)
     examples: list[dict[str, Any]] = []
     per_batch = max(1, batch_size // samples)
     for start in range(0, problems, per_batch):
@@ -191,7 +192,7 @@ def evaluate(
         prompts = [p.prompt for p in batch]
         groups = generate(model, tokenizer, prompts, samples, max_tokens, temperature)
         for problem, group in zip(batch, groups, strict=True):
-            _score(fns, tally, problem, group)
+            score_group(fns, tally, problem, group)
             if len(examples) < 3:
                 examples.append({"prompt": problem.prompt, "completion": group[0].text})
         if progress is not None:

@@ -19,11 +19,13 @@ from grpo_stream.cli.common import fail
 if TYPE_CHECKING:
     from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
-SERVICES = ("grouper", "generator", "scorer", "trainer")
+SERVICES = ("grouper", "generator", "scorer", "trainer", "evaluator")
 
 
 def run(
-    service: str = typer.Argument(..., help="grouper (the hub), generator, scorer or trainer."),
+    service: str = typer.Argument(
+        ..., help="grouper (the hub), generator, scorer, trainer or evaluator."
+    ),
     hub: str = typer.Option(
         None, "--hub", help="The hub's address, e.g. tcp://HOST:PORT (not for grouper)."
     ),
@@ -112,6 +114,10 @@ def _run_client(
             from grpo_stream.services.scorer import run_scorer
 
             code = run_scorer(hub, name, transport, security, fingerprint, log_setup)
+        elif service == "evaluator":
+            from grpo_stream.services.evaluator import run_evaluator
+
+            code = run_evaluator(hub, name, transport, security, fingerprint, log_setup)
         else:
             from grpo_stream.services.trainer import run_trainer
 

@@ -55,6 +55,12 @@ def up(
         cfg = load_config(config, extra)
     except ConfigError as exc:
         fail(str(exc))
+    from grpo_stream.tasks.checks import DataCheckError, check_data
+
+    try:
+        check_data(cfg)  # bad data or rewards: one line now, not a service dying later
+    except DataCheckError as exc:
+        fail(str(exc))
     rd = Path(cfg.run.run_dir)
     if not resume and (rd / "metrics.jsonl").exists():
         fail(f"{rd} already holds a run: pass --resume to continue it or --run-dir for a new one")
