@@ -12,6 +12,14 @@ from functools import lru_cache
 from typing import Any
 
 
+def load() -> Callable[..., float]:
+    """The reward, with reasoning-gym imported now: a worker loads it before it serves, so
+    the import (seconds) never counts against a call's timeout."""
+    import reasoning_gym  # noqa: F401
+
+    return reasoning_gym_reward
+
+
 @lru_cache(maxsize=32)
 def _scorer(dataset: str) -> Callable[[str, dict[str, Any]], float]:
     import reasoning_gym

@@ -26,11 +26,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from grpo_stream.rewards import gym
 from grpo_stream.rewards.builtin import exact_match, format_reward, length_penalty
 from grpo_stream.rewards.builtin import math_verify_reward as math_verify
 from grpo_stream.rewards.countdown import countdown
 from grpo_stream.rewards.errors import RewardLoadError
-from grpo_stream.rewards.gym import reasoning_gym_reward
 from grpo_stream.tasks.base import Task
 from grpo_stream.tasks.settings import RewardSpec, TaskSettings
 
@@ -43,8 +43,10 @@ BUILTIN: dict[str, RewardFn] = {
     "format": format_reward,
     "length_penalty": length_penalty,
     "countdown": countdown,
-    "reasoning_gym": reasoning_gym_reward,
+    "reasoning_gym": gym.reasoning_gym_reward,
 }
+PRELOAD: dict[str, Callable[[], RewardFn]] = {"reasoning_gym": gym.load}
+"""Built-ins whose heavy imports are done when they load, not on their first call."""
 
 
 def _import_user(path: str) -> RewardFn:
@@ -88,6 +90,8 @@ def load_reward(spec: RewardSpec) -> RewardFn:
             raise RewardLoadError(f"reward_model {spec.path}: params: {exc}") from None
     if spec.name == "python" and spec.import_ is not None:
         fn = _import_user(spec.import_)
+    elif spec.name in PRELOAD:
+        fn = PRELOAD[spec.name]()
     elif spec.name in BUILTIN:
         fn = BUILTIN[spec.name]
     elif ":" in spec.name:

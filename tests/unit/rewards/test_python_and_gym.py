@@ -74,3 +74,13 @@ def test_reasoning_gym_reward_refuses_a_reference_without_an_entry() -> None:
     fn = load_reward(RewardSpec(name="reasoning_gym"))
     with pytest.raises(ValueError, match="reasoning_gym:<dataset>"):
         fn("3", prompt="", reference={"answer": "3"})
+
+
+def test_reasoning_gym_is_imported_when_the_reward_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a worker loads its rewards before it serves: the seconds-long import must happen then,
+    # not inside the first call's timeout
+    import sys
+
+    monkeypatch.delitem(sys.modules, "reasoning_gym")
+    load_reward(RewardSpec(name="reasoning_gym"))
+    assert "reasoning_gym" in sys.modules
