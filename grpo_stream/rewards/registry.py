@@ -102,7 +102,7 @@ def load_reward(spec: RewardSpec) -> RewardFn:
             "are name = 'python' with import = 'package.module:function'; learned ones are "
             "name = 'reward_model' with path = '...'"
         )
-    _check_params(spec.name, fn, dict(spec.params))
+    _check_params(spec.import_ or spec.name, fn, dict(spec.params))
     return functools.partial(fn, **spec.params)
 
 

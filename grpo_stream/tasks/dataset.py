@@ -222,7 +222,7 @@ class DatasetTask:
         if self.size is None:
             return self._streamed(index)
         epoch, pos = divmod(index, self.size)
-        row: dict[str, Any] = self.rows[int(_order(self.settings.seed, epoch, self.size)[pos])]
+        row: dict[str, Any] = self.rows[int(epoch_order(self.settings.seed, epoch, self.size)[pos])]
         return row
 
     def problem(self, index: int) -> Problem:
@@ -269,6 +269,6 @@ class DatasetTask:
 
 
 @lru_cache(maxsize=4)
-def _order(seed: int, epoch: int, size: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+def epoch_order(seed: int, epoch: int, size: int) -> np.ndarray[Any, np.dtype[np.int64]]:
     """The row order of one epoch: a permutation of range(size) fixed by (seed, epoch)."""
     return np.random.default_rng([seed & 0xFFFFFFFF, epoch, size]).permutation(size)

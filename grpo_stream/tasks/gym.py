@@ -15,7 +15,7 @@ from typing import Any
 from grpo_stream.tasks.base import Problem
 from grpo_stream.tasks.dataset import (
     TaskDataError,
-    _order,
+    epoch_order,
     fill_template,
     render_prompt,
     template_fields,
@@ -57,7 +57,7 @@ class ReasoningGymTask:
             raise ValueError(f"problem index must be >= 0, got {index}")
         epoch, pos = divmod(index, self.settings.size)
         entry: dict[str, Any] = self.generator[
-            int(_order(self.settings.seed, epoch, self.settings.size)[pos])
+            int(epoch_order(self.settings.seed, epoch, self.settings.size)[pos])
         ]
         return entry
 
