@@ -30,6 +30,11 @@ def serve_evaluator(link: HubLink, stop: StopFlag) -> None:
 
     assert link.cfg is not None
     cfg = link.cfg
+    if cfg.eval.every == 0:  # started by hand on a run that does not evaluate
+        log.warning("eval.off", reason="eval.every = 0: nothing to evaluate")
+        while not stop.set:
+            link.recv(timeout_ms=200)
+        return
     engine = HFEngine.from_settings(cfg.model, cfg.transport, link.security, cfg.eval.device)
     online = OnlineEval.build(cfg, engine.tokenizer)
     watcher: WeightsWatcher | None = None

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 SERVICES = ("grouper", "generator", "scorer", "trainer", "evaluator")
+OPTIONAL_SERVICES = ("evaluator",)
+"""Services a run does without: the evaluator only serves eval.every > 0."""
 
 
 def run(
