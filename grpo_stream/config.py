@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grpo_stream.algo.settings import AlgoSettings
+from grpo_stream.evaluator.settings import EvalSettings, check_eval_config
 from grpo_stream.hardware.settings import HardwareSettings
 from grpo_stream.models.adapter import LoraSettings
 from grpo_stream.tasks.settings import TaskSettings
@@ -257,6 +258,8 @@ class RunConfig(BaseModel):
     """CURVE encryption and allow-listed keys."""
     hardware: HardwareSettings = HardwareSettings()
     """Device scores, refit and roles."""
+    eval: EvalSettings = EvalSettings()
+    """Held-out evaluation during training (the evaluator service)."""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -281,6 +284,7 @@ class RunConfig(BaseModel):
                 "trainer.lora.enabled does not work with trainer.parallel='fsdp2' (the adapter "
                 "is small: use trainer.parallel='ddp', which all-reduces only its gradients)"
             )
+        check_eval_config(self.eval.every, self.eval.task, self.task.holdout)
         return self
 
     def digest(self) -> str:

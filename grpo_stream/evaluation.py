@@ -1,6 +1,7 @@
 """Offline evaluation: pass@1, pass@K and mean reward of a model on a task.
 
-For each of N problems (task indices 0..N-1) the model samples K completions with
+For each of N problems (task indices 0..N-1; of the held-out part when task.holdout > 0, the
+problems evaluation during training sees) the model samples K completions with
 transformers `generate` (batched, left-padded, pure temperature sampling: top_k = 0,
 top_p = 1); each completion is scored in-process with the task's rewards.
 
@@ -21,7 +22,7 @@ import structlog
 
 from grpo_stream.models.loading import Dtype
 from grpo_stream.rewards import RewardFn, combine, load_reward, reward_specs
-from grpo_stream.tasks import Problem, make_task
+from grpo_stream.tasks import Problem, make_eval_task, make_task
 from grpo_stream.tasks.settings import RewardSpec, TaskSettings
 
 log = structlog.get_logger()
@@ -109,7 +110,7 @@ def generate(
 
 
 @dataclass
-class _Tally:
+class Tally:
     """Running sums over scored samples."""
 
     specs: list[RewardSpec]
@@ -135,7 +136,8 @@ class _Tally:
         }
 
 
-def _score(fns: list[RewardFn], tally: _Tally, problem: Problem, group: list[Sample]) -> None:
+def score_group(fns: list[RewardFn], tally: Tally, problem: Problem, group: list[Sample]) -> None:
+    """Score one problem's samples with every reward and add them to `tally`."""
     hits = 0
     for sample in group:
         values = []
@@ -179,11 +181,12 @@ def evaluate(
         raise ValueError("samples, problems and batch_size must be >= 1")
     tokenizer = load_tokenizer(model_name)
     model = load_policy(model_name, dtype=dtype, device=device, trainable=False)
-    task = make_task(task_settings, tokenizer=tokenizer)
+    held_out = task_settings.holdout > 0
+    task = (make_eval_task if held_out else make_task)(task_settings, tokenizer=tokenizer)
     specs = reward_specs(task_settings, task)
     fns = [load_reward(spec) for spec in specs]
     torch.manual_seed(seed)
-    tally = _Tally(specs=specs)
+    tally = Tally(specs=specs)
     examples: list[dict[str, Any]] = []
     per_batch = max(1, batch_size // samples)
     for start in range(0, problems, per_batch):
@@ -191,7 +194,7 @@ def evaluate(
         prompts = [p.prompt for p in batch]
         groups = generate(model, tokenizer, prompts, samples, max_tokens, temperature)
         for problem, group in zip(batch, groups, strict=True):
-            _score(fns, tally, problem, group)
+            score_group(fns, tally, problem, group)
             if len(examples) < 3:
                 examples.append({"prompt": problem.prompt, "completion": group[0].text})
         if progress is not None:

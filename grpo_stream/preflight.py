@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from grpo_stream.config import DEFAULT_MODEL, RunConfig
-from grpo_stream.tasks.settings import TaskSettings
 
 FIT_PROBLEMS = 32
 """Prompts of the first this many problems are measured against the model's context."""
@@ -57,7 +56,7 @@ def preflight(cfg: RunConfig, local_model: bool = True) -> list[str]:
     done: list[str] = []
     source = find_model(cfg.model.name_or_path, ask_hub=local_model, required=local_model)
     done.append(f"model: {cfg.model.name_or_path} ({source.where if source else 'not here'})")
-    done.append(check_data(cfg.task))
+    done.append(check_data(cfg))
     done.append(check_fit(cfg, source))
     done.append(check_compatible(cfg, source))
     done.append(check_run_dir(Path(cfg.run.run_dir), checkpoint_bytes(source)))
@@ -189,49 +188,20 @@ def checkpoint_bytes(source: ModelSource | None) -> int:
 
 
 # ----- task ------------------------------------------------------------------------------
-def check_data(task: TaskSettings) -> str:
-    """The math task's file exists and its first rows have the named fields."""
-    if task.name != "math":
-        return f"data: task {task.name} is generated, no file"
-    if task.path is None:
-        raise PreflightError("task.name = 'math' needs task.path (a JSONL or Parquet file)")
-    path = Path(task.path)
-    if not path.is_file():
-        raise PreflightError(
-            f"task.path: {path} does not exist (run from the directory it is relative to; "
-            "examples/README.md says how to make the example data files)"
-        )
-    fields = _first_fields(path)
-    named = ((task.question_field, "question_field"), (task.answer_field, "answer_field"))
-    for key, setting in named:
-        if key not in fields:
-            raise PreflightError(
-                f"task.path: {path} has no field {key!r} (task.{setting}); its fields: "
-                f"{', '.join(sorted(fields)) or 'none'}"
-            )
-    return f"data: {path} has {task.question_field!r} and {task.answer_field!r}"
+def check_data(cfg: RunConfig) -> str:
+    """The task's data, the evaluation set and every reward load (one owner:
+    grpo_stream.tasks.checks; a dataset is opened memory-mapped, nothing is trained)."""
+    from grpo_stream.tasks.checks import DataCheckError
+    from grpo_stream.tasks.checks import check_data as check_task_data
 
-
-def _first_fields(path: Path) -> set[str]:
-    """Field names of the file's first row (JSONL) or its schema (Parquet)."""
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise PreflightError(f"task.path {path} is Parquet: pip install pyarrow") from None
-        return set(pq.read_schema(path).names)
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PreflightError(f"task.path: {path}:{lineno} is not JSON: {exc.msg}") from None
-            if not isinstance(row, dict):
-                raise PreflightError(f"task.path: {path}:{lineno}: expected a JSON object")
-            return set(row)
-    raise PreflightError(f"task.path: {path} has no rows")
+    try:
+        columns = check_task_data(cfg)
+    except DataCheckError as exc:
+        raise PreflightError(str(exc)) from None
+    if not columns:
+        return f"data: task {cfg.task.name} is generated, no file"
+    source = cfg.task.dataset or cfg.task.path
+    return f"data: {source} has the columns {', '.join(columns)}"
 
 
 def check_fit(cfg: RunConfig, source: ModelSource | None) -> str:

@@ -1,4 +1,5 @@
-"""RUN_DIR/report.png: reward, KL, grad norm with tau, staleness, throughput, waits."""
+"""RUN_DIR/report.png: reward (with held-out eval/pass@1, eval/pass@k from eval.jsonl), KL,
+grad norm with tau, staleness, throughput, waits."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from grpo_stream.evaluator.online import read_eval
 from grpo_stream.training.metrics import read_metrics
 
 
@@ -27,6 +29,15 @@ def _smooth(ys: list[float], k: int = 10) -> list[float]:
             acc -= ys[i - k]
         out.append(acc / min(i + 1, k))
     return out
+
+
+def _plot_eval(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Held-out evaluation on the reward panel: pass@1 and pass@k against the trainer step."""
+    for key in ("eval/pass@1", "eval/pass@k"):
+        xs, ys = _series(rows, key)
+        if xs:
+            k = rows[-1].get("eval/k", "k") if key.endswith("k") else 1
+            ax.plot(xs, ys, marker="o", linestyle="--", label=f"held-out pass@{k}")
 
 
 def write_report(run_dir: Path) -> Path | None:
@@ -56,6 +67,8 @@ def write_report(run_dir: Path) -> Path | None:
                 ax.plot(xs, ys, alpha=0.35 if key == "reward_mean" else 0.9, label=key)
                 if key == "reward_mean":
                     ax.plot(xs, _smooth(ys), label="reward_mean (10-step mean)")
+        if title == "reward":
+            _plot_eval(ax, read_eval(run_dir))
         ax.set_title(title)
         ax.set_xlabel("trainer step")
         if ax.lines:

@@ -81,7 +81,11 @@ def evaluate(
     model: str = typer.Option(
         None, "--model", help="Model name or path (default: model.name_or_path)."
     ),
-    task: str = typer.Option(None, "--task", help="arith, countdown or math (default: task.name)."),
+    task: str = typer.Option(
+        None,
+        "--task",
+        help="arith, countdown, dataset, math or reasoning_gym:NAME (default: task.name).",
+    ),
     samples: int = typer.Option(8, "--samples", min=1, help="K: samples per problem."),
     n: int = typer.Option(64, "--n", min=1, help="Problems (task indices 0..N-1)."),
     max_tokens: int = typer.Option(

@@ -21,11 +21,15 @@ if TYPE_CHECKING:
     from grpo_stream.launch.runlock import RunLock
     from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
-SERVICES = ("grouper", "generator", "scorer", "trainer")
+SERVICES = ("grouper", "generator", "scorer", "trainer", "evaluator")
+OPTIONAL_SERVICES = ("evaluator",)
+"""Services a run does without: the evaluator only serves eval.every > 0."""
 
 
 def run(
-    service: str = typer.Argument(..., help="grouper (the hub), generator, scorer or trainer."),
+    service: str = typer.Argument(
+        ..., help="grouper (the hub), generator, scorer, trainer or evaluator."
+    ),
     hub: str = typer.Option(
         None, "--hub", help="The hub's address, e.g. tcp://HOST:PORT (not for grouper)."
     ),
@@ -140,6 +144,10 @@ def _run_client(
             from grpo_stream.services.scorer import run_scorer
 
             code = run_scorer(hub, name, transport, security, fingerprint, log_setup)
+        elif service == "evaluator":
+            from grpo_stream.services.evaluator import run_evaluator
+
+            code = run_evaluator(hub, name, transport, security, fingerprint, log_setup)
         else:
             from grpo_stream.services.trainer import run_trainer
 

@@ -98,7 +98,7 @@ def diagnose(hub: Grouper, mark: Mark) -> str:
     counters = hub.ledger.counters
     filtered = counters["filtered"] - mark.filtered
     failed = counters["failed"] - mark.failed
-    fresh = hub.buffer.ready(hub.ledger.next_version, hub.cfg.hub.max_staleness)
+    fresh = hub.buffer.ready(hub.ledger.is_stale)
     if filtered > 0 and fresh < hub.cfg.hub.groups_per_step:
         return zero_signal(filtered, failed, hub.window_rewards)
     if failed > 0:

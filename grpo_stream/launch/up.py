@@ -112,6 +112,9 @@ def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
         )
         for i in range(cfg.scorer.count)
     ]
+    if cfg.eval.every > 0:  # evaluation during training: one evaluator beside the generators
+        argv = service_argv("evaluator", "evaluator-0", hub, keys)
+        specs.append(ServiceSpec("evaluator-0", "evaluator", argv, restarts_left=n))
     return specs
 
 

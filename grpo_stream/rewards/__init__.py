@@ -7,10 +7,10 @@ sandbox calls it in worker processes, so nothing here holds state.
 
 from __future__ import annotations
 
+from grpo_stream.rewards.errors import RewardLoadError
 from grpo_stream.rewards.registry import (
     BUILTIN,
     RewardFn,
-    RewardLoadError,
     combine,
     load_reward,
     reward_specs,

@@ -1,4 +1,15 @@
-"""Reward lookup: built-in names and user `package.module:function` paths, with params bound.
+"""Reward lookup: built-in names, user functions and learned reward models, with params bound.
+
+A spec is a built-in (`name = "exact_match"`, ...), a user function (`name = "python"` with
+`import = "pkg.module:fn"`, or the short form `name = "pkg.module:fn"`), or a reward model
+(`name = "reward_model"` with `path`; its params configure the model, see reward_model.py).
+A user function has the signature
+
+    def fn(completion: str, *, prompt: str, reference: dict[str, Any], **params) -> float
+
+where `reference` is the task's reference for the prompt (e.g. {"answer": "42"}) and `params`
+are the spec's params; it runs in a reward worker process, may be called many times per
+second, and must return a finite number.
 
 Invariants: a RewardSpec that loads is callable as `fn(completion, prompt=..., reference=...)`
 — its params are checked against the function's signature at load time, so a typo in a
@@ -15,9 +26,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from grpo_stream.rewards import gym
 from grpo_stream.rewards.builtin import exact_match, format_reward, length_penalty
 from grpo_stream.rewards.builtin import math_verify_reward as math_verify
 from grpo_stream.rewards.countdown import countdown
+from grpo_stream.rewards.errors import RewardLoadError
 from grpo_stream.tasks.base import Task
 from grpo_stream.tasks.settings import RewardSpec, TaskSettings
 
@@ -30,11 +43,10 @@ BUILTIN: dict[str, RewardFn] = {
     "format": format_reward,
     "length_penalty": length_penalty,
     "countdown": countdown,
+    "reasoning_gym": gym.reasoning_gym_reward,
 }
-
-
-class RewardLoadError(ValueError):
-    """A reward spec names nothing loadable, or its params do not fit the function."""
+PRELOAD: dict[str, Callable[[], RewardFn]] = {"reasoning_gym": gym.load}
+"""Built-ins whose heavy imports are done when they load, not on their first call."""
 
 
 def _import_user(path: str) -> RewardFn:
@@ -69,16 +81,28 @@ def _check_params(name: str, fn: RewardFn, params: dict[str, Any]) -> None:
 
 def load_reward(spec: RewardSpec) -> RewardFn:
     """The reward `spec` names, with its params bound (functools.partial)."""
-    if spec.name in BUILTIN:
+    if spec.name == "reward_model" and spec.path is not None:
+        from grpo_stream.rewards.reward_model import RewardModel
+
+        try:
+            return RewardModel.load(spec.path, **spec.params)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise RewardLoadError(f"reward_model {spec.path}: params: {exc}") from None
+    if spec.name == "python" and spec.import_ is not None:
+        fn = _import_user(spec.import_)
+    elif spec.name in PRELOAD:
+        fn = PRELOAD[spec.name]()
+    elif spec.name in BUILTIN:
         fn = BUILTIN[spec.name]
     elif ":" in spec.name:
         fn = _import_user(spec.name)
     else:
         raise RewardLoadError(
-            f"unknown reward {spec.name!r}: built-ins are {', '.join(BUILTIN)}; "
-            "user rewards are named 'package.module:function'"
+            f"unknown reward {spec.name!r}: built-ins are {', '.join(BUILTIN)}; user rewards "
+            "are name = 'python' with import = 'package.module:function'; learned ones are "
+            "name = 'reward_model' with path = '...'"
         )
-    _check_params(spec.name, fn, dict(spec.params))
+    _check_params(spec.import_ or spec.name, fn, dict(spec.params))
     return functools.partial(fn, **spec.params)
 
 

@@ -23,6 +23,8 @@ Batching. A component's G completions are cut into contiguous chunks, enough to 
 worker busy; a chunk goes to one worker in one message, which answers once per completion, so
 the parent knows which call runs and times each call, not the chunk. When a call costs its
 worker, the rest of its chunk goes back to the queue. Worst case: G * timeout_s / workers.
+A reward with `score_batch` (a reward model) scores its whole chunk in one call, whose
+replies then come at once: for it `timeout_s` bounds the chunk.
 `score()` is not thread-safe: one caller at a time.
 """
 

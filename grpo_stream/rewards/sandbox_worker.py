@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 
@@ -26,6 +26,15 @@ from grpo_stream.tasks.settings import RewardSpec
 MAX_CAUSE_CHARS = 200
 
 RewardFn = Callable[..., float]
+
+
+@runtime_checkable
+class BatchReward(Protocol):
+    """A reward that scores a chunk at once (a reward model): one value per completion."""
+
+    def score_batch(
+        self, completions: list[str], *, prompt: str, reference: dict[str, Any]
+    ) -> list[float]: ...
 
 
 def _load_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
@@ -93,6 +102,29 @@ def _call_one(
     return number, None, None
 
 
+def _call_batch(
+    fn: BatchReward, completions: list[str], prompt: str, reference: bytes
+) -> list[tuple[float | None, str | None, str | None]]:
+    """Score a chunk in one call: one (value, kind, cause) per completion; a failure of the
+    call fails every completion of the chunk."""
+    try:
+        values = list(fn.score_batch(completions, prompt=prompt, reference=unpack(reference)))
+        if len(values) != len(completions):
+            cause = f"score_batch returned {len(values)} values for {len(completions)}"
+            return [(None, "raised", cause)] * len(completions)
+    except MemoryError:
+        return [(None, "memory", "memory limit")] * len(completions)
+    except BaseException as exc:  # a reward may raise anything, SystemExit included
+        return [(None, "raised", _short(f"raised {type(exc).__name__}: {exc}"))] * len(completions)
+    out: list[tuple[float | None, str | None, str | None]] = []
+    for value in values:
+        if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+            out.append((None, "non_finite", f"returned {value!r}"))
+        else:
+            out.append((float(value), None, None))
+    return out
+
+
 def worker_main(
     conn: Connection, specs: list[dict[str, Any]], sys_path: list[str], memory_limit_mb: int
 ) -> None:
@@ -115,8 +147,15 @@ def worker_main(
         if message[0] == "stop":
             return
         _, component, prompt, completions, reference = message
+        fn = fns[component]
+        if isinstance(fn, BatchReward):
+            for position, (value, kind, cause) in enumerate(
+                _call_batch(fn, completions, prompt, reference)
+            ):
+                conn.send_bytes(pack(["result", position, value, kind, cause]))
+            continue
         for position, completion in enumerate(completions):
-            value, kind, cause = _call_one(fns[component], completion, prompt, reference)
+            value, kind, cause = _call_one(fn, completion, prompt, reference)
             conn.send_bytes(pack(["result", position, value, kind, cause]))
 
 

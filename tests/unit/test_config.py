@@ -95,4 +95,4 @@ def test_every_field_is_documented() -> None:
 def test_shipped_examples_validate(name: str) -> None:
     path = Path(__file__).resolve().parents[2] / "examples" / name
     cfg = load_config(path)
-    assert cfg.generator.engine == "vllm" and cfg.task.name == "math"
+    assert cfg.generator.engine == "vllm" and cfg.task.name == "dataset"

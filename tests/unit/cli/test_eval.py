@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
-from grpo_stream.evaluation import Sample, _score, _Tally, pass_at_k
+from grpo_stream.evaluation import Sample, Tally, pass_at_k, score_group
 from grpo_stream.rewards import load_reward
 from grpo_stream.tasks import Problem
 from grpo_stream.tasks.settings import RewardSpec
@@ -61,10 +61,10 @@ def test_pass_at_k_rejects_impossible_counts() -> None:
 
 def test_a_reward_that_raises_scores_zero_and_is_counted() -> None:
     specs = [RewardSpec(name="exact_match"), RewardSpec(name="countdown")]
-    tally = _Tally(specs=specs)
+    tally = Tally(specs=specs)
     fns = [load_reward(s) for s in specs]
     problem = Problem(index=0, prompt="1+1=", reference={"answer": "2"})
-    _score(fns, tally, problem, [Sample("2", False), Sample("<answer>3</answer>", False)])
+    score_group(fns, tally, problem, [Sample("2", False), Sample("<answer>3</answer>", False)])
     assert tally.errors == 1  # countdown read reference["numbers"] for the tagged completion
     assert tally.correct == [1]
     assert tally.totals == [1.0, 0.0]
@@ -72,9 +72,11 @@ def test_a_reward_that_raises_scores_zero_and_is_counted() -> None:
 
 def test_a_reward_that_returns_nan_is_counted_as_an_error() -> None:
     specs = [RewardSpec(name="exact_match"), RewardSpec(name="format")]
-    tally = _Tally(specs=specs)
+    tally = Tally(specs=specs)
     fns = [load_reward(specs[0]), lambda completion, **_: math.nan]
-    _score(fns, tally, Problem(index=0, prompt="", reference={"answer": "2"}), [Sample("2", False)])
+    score_group(
+        fns, tally, Problem(index=0, prompt="", reference={"answer": "2"}), [Sample("2", False)]
+    )
     assert tally.errors == 1
     assert tally.totals == [1.0]
 

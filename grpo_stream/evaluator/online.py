@@ -1,0 +1,163 @@
+"""One evaluation pass during training, and the evaluation set it runs on.
+
+Invariants: the evaluation problems are the first `eval.problems` of the evaluation task
+(the training task's held-out part, or eval.task), the same at every version; they share no
+prompt with the training stream (held-out parts by construction, an explicit eval.task checked
+by `check_disjoint`); sampling uses the run's seed at every version, so two versions differ
+only by their weights; results go to RUN_DIR/eval.jsonl (one JSON object per evaluation) and
+the TensorBoard sink, with keys eval/pass@1, eval/pass@k, eval/reward.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from grpo_stream.evaluation import Sample, Tally, score_group
+from grpo_stream.rewards import RewardFn, load_reward, reward_specs
+from grpo_stream.tasks import Problem, Task, TaskDataError, make_eval_task, make_task
+from grpo_stream.tasks.settings import RewardSpec, TaskSettings
+
+if TYPE_CHECKING:
+    from grpo_stream.config import RunConfig
+    from grpo_stream.engines import Engine
+    from grpo_stream.training.sinks import Sink
+
+log = structlog.get_logger()
+
+EVAL_FILE = "eval.jsonl"
+"""RUN_DIR/eval.jsonl: one line per evaluation, beside metrics.jsonl."""
+GREEDY_TOP_P = 1e-9
+"""Greedy decoding through the engines' sampler: a nucleus this small keeps only the most
+likely token (the nucleus always keeps one)."""
+MAX_OVERLAP_SCAN = 50_000
+"""Training problems compared with an explicit eval.task's (endless tasks: the first ones)."""
+_SEQUENCES_PER_CALL = 256
+
+
+def eval_task_settings(cfg: RunConfig) -> TaskSettings:
+    """The settings the evaluation task is built from (its rewards come from there too)."""
+    return cfg.task if cfg.eval.task is None else cfg.eval.task
+
+
+def make_eval_set(cfg: RunConfig, tokenizer: Any = None) -> Task:
+    """The evaluation task: eval.task, or the training task's held-out part."""
+    if cfg.eval.task is not None:
+        return make_task(cfg.eval.task, tokenizer)
+    return make_eval_task(cfg.task, tokenizer)
+
+
+def check_disjoint(cfg: RunConfig, tokenizer: Any = None) -> None:
+    """An explicit eval.task shares no prompt with the training stream (one-line error)."""
+    if cfg.eval.every == 0 or cfg.eval.task is None:
+        return  # a held-out part never meets training
+    evals = make_task(cfg.eval.task, tokenizer)
+    prompts = {evals.problem(i).prompt for i in range(cfg.eval.problems)}
+    train = make_task(cfg.task, tokenizer)
+    for i in range(min(train.size or MAX_OVERLAP_SCAN, MAX_OVERLAP_SCAN)):
+        prompt = train.problem(i).prompt
+        if prompt in prompts:
+            raise TaskDataError(
+                f"eval.task overlaps the training prompts ({prompt[:60]!r} is in both): use "
+                "task.holdout instead of eval.task, or another split or dataset"
+            )
+
+
+@dataclass
+class OnlineEval:
+    """Evaluates engine weights on the fixed evaluation problems."""
+
+    cfg: RunConfig
+    task: Task
+    specs: list[RewardSpec]
+    fns: list[RewardFn]
+    problems: list[Problem]
+    sinks: list[Sink] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, cfg: RunConfig, tokenizer: Any = None) -> OnlineEval:
+        from grpo_stream.training.sinks import make_sinks
+
+        check_disjoint(cfg, tokenizer)
+        task = make_eval_set(cfg, tokenizer)
+        specs = reward_specs(eval_task_settings(cfg), task)
+        problems = [task.problem(i) for i in range(cfg.eval.problems)]
+        tensorboard: list[str] = [s for s in cfg.run.sinks if s == "tensorboard"]
+        sinks = make_sinks(tensorboard, Path(cfg.run.run_dir), {})
+        return cls(cfg, task, specs, [load_reward(s) for s in specs], problems, sinks)
+
+    def run(self, engine: Engine, step: int) -> dict[str, Any]:
+        """Evaluate the engine's weights; write and return the row."""
+        ev, gen = self.cfg.eval, self.cfg.generator
+        t0 = time.perf_counter()
+        tally = Tally(specs=self.specs)
+        per_call = max(1, _SEQUENCES_PER_CALL // ev.k)
+        for start in range(0, len(self.problems), per_call):
+            batch = self.problems[start : start + per_call]
+            groups = engine.generate(
+                [p.prompt for p in batch],
+                ev.k,
+                ev.max_tokens or gen.max_tokens,
+                ev.temperature or gen.temperature,
+                top_p=GREEDY_TOP_P if ev.greedy else 1.0,
+                seed=self.cfg.run.seed + start,
+            )
+            for problem, group in zip(batch, groups, strict=True):
+                samples = [Sample(c.text, c.truncated) for c in group.completions]
+                score_group(self.fns, tally, problem, samples)
+        summary = tally.summary(ev.k)
+        row: dict[str, Any] = {
+            "step": step,
+            "policy_version": engine.version,
+            "eval/pass@1": summary["pass_at_1"],
+            "eval/pass@k": summary["pass_at_k"],
+            "eval/k": ev.k,
+            "eval/reward": summary["mean_reward"],
+            **{f"eval/reward/{n}": v for n, v in summary["reward_means"].items()},
+            "eval/reward_errors": summary["reward_errors"],
+            "eval/truncated": summary["truncated"],
+            "eval/problems": len(self.problems),
+            "eval/seconds": round(time.perf_counter() - t0, 3),
+            "wall_time": time.time(),
+        }
+        self._write(row)
+        log.info(
+            "eval.done",
+            step=step,
+            pass_at_1=round(row["eval/pass@1"], 4),
+            pass_at_k=round(row["eval/pass@k"], 4),
+            reward=round(row["eval/reward"], 4),
+            seconds=row["eval/seconds"],
+        )
+        return row
+
+    def _write(self, row: dict[str, Any]) -> None:
+        path = Path(self.cfg.run.run_dir) / EVAL_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        for sink in self.sinks:
+            sink.write(int(row["step"]), row)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def read_eval(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of RUN_DIR/eval.jsonl (none when the run did not evaluate)."""
+    path = Path(run_dir) / EVAL_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written
+    return rows
