@@ -2,11 +2,13 @@
 weights, write metrics and checkpoints.
 
 Invariants:
-- the policy version equals the number of optimizer steps applied; it only grows, also
+- the policy version counts the optimizer steps applied plus the rollbacks that restored
+  older weights (each publishes those weights as a new version); it only grows, also
   across restarts (a restarted trainer resumes from its newest complete checkpoint);
 - a version is published (complete snapshot, then announce) before a batch request that
   names it reaches the hub, so the hub never asks generators for a version that will not come;
-- a non-finite loss or gradient never reaches the weights (rollback of the GRPO core).
+- a non-finite loss, gradient or norm, or an exploding norm, never reaches the weights
+  (rollback of the GRPO core).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class Trainer:
             result = self.state.train_step(batch)
             seconds = time.perf_counter() - t0
             if not result.applied:
+                if result.republish:  # a rollback restored older weights as a new version
+                    self.publish()
                 continue
             if self.state.version % self.cfg.trainer.publish_every == 0:
                 self.publish()
