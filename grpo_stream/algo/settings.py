@@ -33,13 +33,14 @@ class LossSettings(BaseModel):
     """Upper clip range (DAPO clip-higher): the ratio is clipped at 1 + eps_high."""
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip constant c (> 1) bounding the loss for negative advantages; None disables it."""
-    off_policy: Literal["tis", "decoupled", "behaviour", "none"] = "tis"
+    off_policy: Literal["tis", "decoupled", "behaviour", "none"] = "behaviour"
     """Off-policy correction. The trainer recomputes pi_prox, its own log-probs at the start
     of the step (one no-grad forward), for tis and decoupled; PPO ratio and clip are then
     taken against pi_prox and each token is weighted by w = pi_prox / pi_behaviour (detached):
     tis truncates w at is_cap, decoupled (AReaL) drops tokens with w > is_cap (w = 0 there).
     behaviour: ratio and clip against the behaviour log-probs, no weight, no extra forward.
-    none: plain policy gradient, no ratio to any old policy and no weight (for comparison)."""
+    none: plain policy gradient, no ratio to any old policy and no weight (for comparison).
+    Default behaviour: best at staleness 4 in bench.off_policy (README, "Off-policy")."""
     is_cap: float = Field(2.0, gt=0)
     """Cap of the importance weight pi_prox / pi_behaviour (tis truncates, decoupled masks)."""
     beta: float = Field(0.0, ge=0)
