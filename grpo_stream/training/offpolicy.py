@@ -15,6 +15,10 @@ mismatch and staleness:
 - is_over_cap_frac: fraction of tokens with u > is_cap (what tis truncates, decoupled drops);
 - logp_gap: mean |log pi_trainer - log pi_behaviour| per token;
 - logp_gap_stale{k}: the same over tokens generated k versions before the trained version.
+
+Under FSDP2 a rank with fewer micro-batches repeats its last one at zero weight (see
+TrainState._passes); that filler is counted here once more (means shift slightly, the max
+does not).
 """
 
 from __future__ import annotations

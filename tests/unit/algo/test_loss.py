@@ -121,7 +121,7 @@ def test_truncated_importance_weight_scales_gradient_and_is_capped() -> None:
     trainer_old = torch.zeros(1, 2)  # ratio against the trainer's old log-probs is 1
     behaviour = -torch.log(torch.tensor([[0.5, 3.0]]))  # weights 0.5 and 3 -> capped at 2
     mask = torch.ones(1, 2, dtype=torch.bool)
-    settings = LossSettings(is_cap=2.0, aggregation="dapo")
+    settings = LossSettings(off_policy="tis", is_cap=2.0, aggregation="dapo")
     loss, metrics = grpo_loss(
         logp, behaviour, torch.ones(1), mask, settings, trainer_old_logp=trainer_old
     )
