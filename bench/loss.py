@@ -1,11 +1,14 @@
 """Cost of the full regularized GRPO step against a bare log-prob training step.
 
 Full step: chunked token_logprobs (with grad, entropies under no_grad), grpo_loss, backward,
-the rollback guard's finiteness check, the gradient regularizer and an AdamW step.
-Bare step: model(...).logits -> log_softmax -> gather -> mean, backward, AdamW step.
-Same model, same batch; repetitions interleaved (alternating which goes first) so drift in a
-shared machine's load hits both; medians are reported. The last line is the ratio
-(goal <= 1.10).
+the rollback guard's finiteness check, the gradient regularizer and an AdamW step; as
+`behaviour` (no extra forward) and as `tis` (the default: first pi_prox, one no-grad forward
+over the batch, then the same step with the truncated importance weight).
+Bare step: model(...).logits -> log_softmax -> gather -> mean, backward, AdamW step; and
+bare + forward: the same preceded by one no-grad forward (what any trainer that recomputes
+its old log-probs pays). Same model, same batch; repetitions interleaved (rotating which goes
+first) so drift in a shared machine's load hits all; medians are reported. The last line is
+the tis step's ratio to the bare step that also does the forward (goal <= 1.10).
 
     python bench/loss.py [--reps 15] [--batch 64] [--tokens 48] [--threads 1]
 """
@@ -25,6 +28,8 @@ from grpo_stream.algo.loss import grpo_loss
 from grpo_stream.algo.regularizer import GradRegularizer
 from grpo_stream.algo.rollback import RollbackGuard
 from grpo_stream.algo.settings import LossSettings, RegularizerSettings, RollbackSettings
+from grpo_stream.training.batch import Tensors
+from grpo_stream.training.offpolicy import proximal_logprobs
 
 
 def build_model(vocab: int) -> Any:
@@ -83,20 +88,33 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     old_logp = torch.where(mask, -3.4 + 0.1 * torch.randn(mask.shape, generator=gen), 0.0)
     advantages = torch.randn(args.batch, generator=gen)
-    loss_settings = LossSettings(logprob_chunk=args.chunk)
+    loss_settings = LossSettings(logprob_chunk=args.chunk, off_policy="behaviour")
+    tis_settings = LossSettings(logprob_chunk=args.chunk, off_policy="tis")
+    zeros = torch.zeros(args.batch)
+    part = Tensors(ids, attention, mask, old_logp, advantages, zeros, zeros.long())
     regularizer = GradRegularizer(RegularizerSettings())
     guard = RollbackGuard(RollbackSettings())
 
-    def grpo_step() -> None:
+    def grpo_step(tis: bool = False) -> None:
         optimizer.zero_grad(set_to_none=True)
-        logp, entropy = token_logprobs(
-            model, ids, attention, mask, chunk=loss_settings.logprob_chunk
+        prox = proximal_logprobs(model, part, args.chunk, 1.0) if tis else None
+        settings = tis_settings if tis else loss_settings
+        logp, entropy = token_logprobs(model, ids, attention, mask, chunk=args.chunk)
+        loss, _ = grpo_loss(
+            logp, old_logp, advantages, mask, settings, trainer_old_logp=prox, entropy=entropy
         )
-        loss, _ = grpo_loss(logp, old_logp, advantages, mask, loss_settings, entropy=entropy)
         loss.backward()  # type: ignore[no-untyped-call]
         if guard.check(loss, params):
             regularizer.apply(params)
             optimizer.step()
+
+    def tis_step() -> None:
+        grpo_step(tis=True)
+
+    def bare_forward_step() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=attention)
+        bare_step()
 
     def bare_step() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -106,24 +124,28 @@ def main() -> None:
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
+    steps: list[Callable[[], None]] = [grpo_step, tis_step, bare_step, bare_forward_step]
     for _ in range(2):  # warm-up
-        grpo_step()
-        bare_step()
-    grpo_times: list[float] = []
-    bare_times: list[float] = []
+        for fn in steps:
+            fn()
+    times: list[list[float]] = [[] for _ in steps]
     for rep in range(args.reps):
-        order = [(grpo_step, grpo_times), (bare_step, bare_times)]
-        for fn, times in order if rep % 2 == 0 else order[::-1]:
-            times.append(timed(fn))
-    grpo_ms = 1e3 * statistics.median(grpo_times)
-    bare_ms = 1e3 * statistics.median(bare_times)
+        k = rep % len(steps)
+        for i in [*range(k, len(steps)), *range(k)]:
+            times[i].append(timed(steps[i]))
+    grpo_ms, tis_ms, bare_ms, bare_fwd_ms = (1e3 * statistics.median(t) for t in times)
     n_params = sum(p.numel() for p in params)
     print(
         f"model {n_params / 1e6:.2f}M params, batch {args.batch}x{args.tokens}, chunk {args.chunk}"
     )
-    print(f"bare step (log_softmax mean loss)  {bare_ms:8.1f} ms")
-    print(f"grpo step (full regularized step)  {grpo_ms:8.1f} ms")
-    print(f"ratio grpo/bare {grpo_ms / bare_ms:.3f}")
+    print(f"bare step (log_softmax mean loss)      {bare_ms:8.1f} ms")
+    print(f"bare step + no-grad forward            {bare_fwd_ms:8.1f} ms")
+    print(f"grpo step, off_policy=behaviour        {grpo_ms:8.1f} ms")
+    print(f"grpo step, off_policy=tis (+ pi_prox)  {tis_ms:8.1f} ms")
+    print(
+        f"ratio behaviour/bare {grpo_ms / bare_ms:.3f}  tis/bare {tis_ms / bare_ms:.3f}  "
+        f"tis/(bare+forward) {tis_ms / bare_fwd_ms:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ class GeneratorSettings(BaseModel):
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature (log-probs are those of the tempered distribution)."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling; keep 1.0 so behaviour log-probs match the trainer's."""
+    """Nucleus sampling: only 1.0 is accepted (see `_check`)."""
     prompts_per_request: int = Field(16, ge=1)
     """Prompts a generator asks for at once (its credits); scaled by its device share."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
@@ -108,6 +108,18 @@ class GeneratorSettings(BaseModel):
     consecutive ones per generator (count x tensor_parallel in all)."""
     throttle: float = Field(1.0, ge=1)
     """Test hook: sleep so that this generator runs `throttle` times slower."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GeneratorSettings:
+        if self.top_p < 1.0:
+            # the trainer's pi_prox is the full tempered softmax; under a nucleus the sampled
+            # distribution is the renormalised truncated one, so every importance weight
+            # would be off by the nucleus mass (and the engines disagree on which to report)
+            raise ValueError(
+                "top_p < 1 is not supported: the trainer's log-probs are those of the full "
+                "tempered distribution, so keep generator.top_p = 1.0"
+            )
+        return self
 
 
 class ScorerSettings(BaseModel):

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+from grpo_stream.algo.advantages import batch_window, stream_batch_std
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
@@ -74,7 +75,9 @@ class Grouper:
         self.rollouts: dict[int, m.Rollout] = {}
         self.peers_info: dict[str, Any] = {}
         self.policy_version = 0
-        self.recent_rewards: deque[float] = deque(maxlen=1024)
+        self.recent_rewards: deque[float] = deque(  # scale="batch": one batch's rewards
+            maxlen=batch_window(hub.groups_per_step, cfg.generator.group_size)
+        )
         self.window_rewards: list[float] = []  # rewards of groups filtered since the last batch
         self.shares = ShareBook(cfg.hardware)
         self.dispatcher = Dispatcher(
@@ -317,7 +320,7 @@ class Grouper:
                 log.warning("reward.error", group_id=msg.group_id, error=err, count=count)
         finite = [float(r) for r in msg.rewards if np.isfinite(r)]
         self.recent_rewards.extend(finite)
-        std = float(np.std(self.recent_rewards, ddof=1)) if len(self.recent_rewards) > 1 else 1.0
+        std = stream_batch_std(self.recent_rewards)
         got = assemble(rollout, msg, self.cfg.algo.advantage, std)
         self._count_failure(msg, got.failed)
         if got.failed:

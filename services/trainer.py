@@ -2,13 +2,15 @@
 weights, write metrics and checkpoints.
 
 Invariants:
-- the policy version grows by one per optimizer step applied and is unique forever: each
-  is recorded (`grpo_stream.training.versions`) before it is announced, and a trainer
-  resumed from a checkpoint older than the newest announced version continues above it by
-  more than `hub.max_staleness`, so the discarded timeline's rollouts are stale;
+- the policy version grows by one per optimizer step applied, and by one per rollback that
+  restored older weights (each publishes those weights as a new version); it is unique
+  forever: each is recorded (`grpo_stream.training.versions`) before it is announced, and a
+  trainer resumed from a checkpoint older than the newest announced version continues above
+  it by more than `hub.max_staleness`, so the discarded timeline's rollouts are stale;
 - a version is published (complete snapshot, then announce) before a batch request that
   names it reaches the hub, so the hub never asks generators for a version that will not come;
-- a non-finite loss or gradient never reaches the weights (rollback of the GRPO core).
+- a non-finite loss, gradient or norm, or an exploding norm, never reaches the weights
+  (rollback of the GRPO core).
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class Trainer:
             seconds = time.perf_counter() - t0
             if not result.applied:
                 self.attempt += 1  # a new attempt at this step: the hub sends new groups
+                if result.republish:  # a rollback restored older weights as a new version
+                    self.publish()
                 continue
             self.attempt = 0
             log.info("batch.trained", step=batch.step, groups=[int(g) for g in batch.group_ids])

@@ -12,14 +12,14 @@ Invariants:
 - Arithmetic runs in float64, so rewards from 1e-8 to 1e8 give finite float32 advantages.
 
 The hub assembles groups one at a time and calls `group_advantages` per group; with
-scale="batch" it passes the batch std (for instance from `RunningStd`). `compute_advantages`
-is the same computation for a dense (N, G) batch.
+scale="batch" it passes `stream_batch_std` of the last batch's worth of rewards.
+`compute_advantages` is the same computation for a dense (N, G) batch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -164,38 +164,20 @@ def combine_rewards(components: torch.Tensor, weights: Sequence[float]) -> torch
     return total.to(torch.float32)
 
 
-class RunningStd:
-    """Sample std of a stream of rewards (Welford), for scale="batch" in the hub.
+def batch_window(groups_per_step: int, group_size: int) -> int:
+    """Rewards the hub keeps for scale="batch": one batch's worth of completions."""
+    return groups_per_step * group_size
 
-    NaN rewards are skipped. `reset()` starts a new batch.
+
+def stream_batch_std(recent: Iterable[float]) -> float:
+    """The std scale="batch" divides by in the streaming hub.
+
+    Groups are scored one at a time, before the batch they will join exists, so "the
+    batch's std" is the sample std of the last `batch_window(...)` finite rewards scored
+    (one batch's worth of completions, this group's included, zero-signal groups too);
+    1.0 while fewer than 2 rewards are known.
     """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._mean = 0.0
-        self._m2 = 0.0
-
-    def update(self, rewards: torch.Tensor) -> None:
-        for value in rewards.to(torch.float64).flatten().tolist():
-            if not math.isfinite(value):
-                continue
-            self.count += 1
-            delta = value - self._mean
-            self._mean += delta / self.count
-            self._m2 += delta * (value - self._mean)
-
-    @property
-    def std(self) -> float:
-        """Sample std of the rewards seen; 0.0 with fewer than 2."""
-        return math.sqrt(self._m2 / (self.count - 1)) if self.count >= 2 else 0.0
-
-    def reset(self) -> None:
-        self.count, self._mean, self._m2 = 0, 0.0, 0.0
-
-    def state_dict(self) -> dict[str, float | int]:
-        return {"count": self.count, "mean": self._mean, "m2": self._m2}
-
-    def load_state_dict(self, state: dict[str, float | int]) -> None:
-        self.count = int(state["count"])
-        self._mean = float(state["mean"])
-        self._m2 = float(state["m2"])
+    values = [float(r) for r in recent if math.isfinite(r)]
+    if len(values) < 2:
+        return 1.0
+    return float(torch.tensor(values, dtype=torch.float64).std(correction=1))

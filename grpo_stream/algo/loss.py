@@ -5,14 +5,23 @@ Per completion token t of sequence i (mask True), with anchor log-probs `a`:
     r = exp(logp - a)                                            (ratio)
     l = -min(r * A_i, clip(r, 1 - eps_low, 1 + eps_high) * A_i)  (clipped surrogate)
     l = min(l, -c * A_i)            if A_i < 0 and dual_clip = c (dual clip)
-    l = w * l,  w = min(exp(trainer_old_logp - old_logp), is_cap), detached  (if given)
+    l = w * l                                                    (importance weight)
     l = l + beta * k3,  k3 = exp(ref - logp) - (ref - logp) - 1  (if beta > 0)
 
-The anchor `a` is the behaviour log-prob `old_logp` the generator recorded. When the trainer
-also passes its own recomputed `trainer_old_logp`, that is the anchor (the proximal policy)
-and w corrects the generator/trainer mismatch: w * r ~= pi_theta / pi_behaviour with the
-mismatch part truncated at is_cap (decoupled PPO / truncated importance sampling). Using
-both ratios against `old_logp` would count the mismatch twice.
+`settings.off_policy` picks the anchor and the weight. With `b` = old_logp, the behaviour
+log-probs the generator recorded, and `p` = trainer_old_logp, the trainer's own no-grad
+log-probs at the start of the step (the proximal policy pi_prox), u = exp(p - b) detached:
+
+    tis        a = p,              w = min(u, is_cap)           (truncated IS)
+    decoupled  a = p,              w = u if u <= is_cap else 0  (AReaL's decoupled PPO,
+                                                                 weight capped by masking)
+    behaviour  a = b,              w = 1                        (PPO around pi_behaviour)
+    none       a = logp.detach(),  w = 1                        (plain policy gradient)
+
+tis and decoupled need `trainer_old_logp`. With one optimizer step per batch pi_prox is the
+policy being differentiated, so r = 1 in value and the clip never binds: all the
+off-policy correction is in w, which also absorbs any generator/trainer numeric mismatch.
+Using both ratios against `old_logp` would count the mismatch twice.
 
 Invariants:
 - Tokens outside `mask` (prompt, padding) never count: not in the loss, not in a normaliser,
@@ -97,6 +106,39 @@ def _metrics(
     return dict(zip(values.keys(), numbers, strict=True))
 
 
+def importance_weight(
+    trainer_old_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """u = pi_prox / pi_behaviour per token (B, T), detached; 1 outside `mask`."""
+    return torch.exp(torch.where(mask, trainer_old_logp - old_logp, 0.0)).detach()
+
+
+def _anchor_and_weight(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    trainer_old_logp: torch.Tensor | None,
+    mask: torch.Tensor,
+    settings: LossSettings,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The ratio's anchor log-probs, the per-token weight and where u > is_cap (both None:
+    no weight)."""
+    mode = settings.off_policy
+    if mode == "behaviour":
+        return old_logp, None, None
+    if mode == "none":
+        return logp.detach(), None, None
+    if trainer_old_logp is None:
+        raise ValueError(
+            f"loss.off_policy={mode!r} needs trainer_old_logp (the trainer's log-probs at the "
+            "start of the step)"
+        )
+    raw = importance_weight(trainer_old_logp, old_logp, mask)
+    over = raw > settings.is_cap
+    if mode == "tis":
+        return trainer_old_logp, raw.clamp(max=settings.is_cap), over
+    return trainer_old_logp, torch.where(over, 0.0, raw), over
+
+
 def grpo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -123,14 +165,13 @@ def grpo_loss(
         raise ValueError("loss.beta > 0 needs ref_logp (the frozen reference's log-probs)")
     mask = mask.bool()
     adv = advantages.to(logp.dtype)[:, None]  # (B, 1)
-    anchor = old_logp if trainer_old_logp is None else trainer_old_logp
+    anchor, weight, over = _anchor_and_weight(logp, old_logp, trainer_old_logp, mask, settings)
     ratio = torch.exp(torch.where(mask, logp - anchor, 0.0))  # (B, T)
     per_token = _surrogate(ratio, adv, settings)
     extra: dict[str, torch.Tensor] = {}
-    if trainer_old_logp is not None:
-        raw = torch.exp(torch.where(mask, trainer_old_logp - old_logp, 0.0)).detach()
-        per_token = per_token * raw.clamp(max=settings.is_cap)
-        extra["is_trunc_frac"] = raw > settings.is_cap
+    if weight is not None and over is not None:
+        per_token = per_token * weight
+        extra["is_trunc_frac"] = over
     else:
         extra["is_trunc_frac"] = torch.zeros_like(mask)
     if ref_logp is not None:

@@ -19,10 +19,16 @@ Invariants:
   parameters; under FSDP2 the gradients are DTensors and each rank sums its local shard).
   With replicated, already-averaged gradients (DDP) pass `sharded=False`.
   Every rank computes the same norm, hence the same scale.
-- tau is used first, then updated: tau <- alpha * tau + (1 - alpha) * n (n before the step).
+- tau is used first, then updated with the norm AFTER the shrink and clip:
+  tau <- alpha * tau + (1 - alpha) * min(n, norm_after). A spike therefore moves tau by at
+  most (1 - alpha) * (clip_factor - 1) * tau (x1.1 with the defaults), and a norm growing
+  3x per step cannot drag the clip along with it.
   The first finite, non-zero norm sets tau to tau0, or to init_fraction * n if tau0 is None.
-- A non-finite norm changes neither the gradients nor tau (`RegStats.finite` is False); the
-  rollback guard handles that step.
+- A non-finite norm (a NaN, or finite gradients whose norm overflows float32 to inf) and a
+  norm above explode_factor * tau (an explosion) change neither the gradients nor tau
+  (`RegStats.finite` False, or `RegStats.exploded` True): the trainer skips that step and
+  rolls back. An explosion is declared only once tau is a measured scale: tau0 was given, or
+  more than `explode_after` finite steps were seen.
 """
 
 from __future__ import annotations
@@ -49,6 +55,14 @@ class RegStats:
     fired_frac: float  # fraction of finite steps so far on which it fired
     finite: bool
     scale: float  # factor the gradients were multiplied by
+    exploded: bool = False  # norm > explode_factor * tau: nothing applied, roll back
+
+    @property
+    def skip(self) -> str | None:
+        """Why the optimizer must not step ("non_finite_norm", "explosion"), else None."""
+        if not self.finite:
+            return "non_finite_norm"
+        return "explosion" if self.exploded else None
 
 
 def prox_norm(norm: float, tau: float, lam: float) -> float:
@@ -104,6 +118,11 @@ class GradRegularizer:
         self.steps += 1
         if tau is None:  # all-zero gradients before tau was ever set: nothing to do
             return self._stats(norm, norm, math.nan, False, False, True, 1.0)
+        explode = self.settings.explode_factor
+        measured = self.settings.tau0 is not None or self.steps > self.settings.explode_after
+        if explode is not None and measured and norm > explode * tau:
+            self.steps -= 1  # not a step: it is skipped and rolled back
+            return self._stats(norm, norm, tau, False, False, True, 1.0, exploded=True)
         fired = self.settings.enabled and norm > tau
         clipped = False
         target = norm
@@ -117,7 +136,7 @@ class GradRegularizer:
         if fired:
             for g in grads:
                 g.mul_(scale)
-        self.tau = self.settings.alpha * tau + (1.0 - self.settings.alpha) * norm
+        self.tau = self.settings.alpha * tau + (1.0 - self.settings.alpha) * target
         return self._stats(norm, target, tau, fired, clipped, True, scale)
 
     def _stats(
@@ -129,6 +148,7 @@ class GradRegularizer:
         clipped: bool,
         finite: bool,
         scale: float,
+        exploded: bool = False,
     ) -> RegStats:
         return RegStats(
             norm_before=before,
@@ -139,6 +159,7 @@ class GradRegularizer:
             fired_frac=self.fired / self.steps if self.steps else 0.0,
             finite=finite,
             scale=scale,
+            exploded=exploded,
         )
 
     def raise_tau(self, factor: float) -> None:

@@ -1,15 +1,22 @@
-"""The rollback guard: a non-finite loss or gradient restores the last stable state.
+"""The rollback guard: a non-finite or exploding step restores the last applied state.
 
 The trainer's step reads: forward, backward, `guard.check(loss, params)`; if it fails, skip
-the optimizer step and call `guard.rollback(...)`; else regularize, step, `guard.stable()`,
-and `guard.snapshot(...)` whenever it wants a new restore point (disk checkpoints are the
-trainer's own business).
+the optimizer step and call `guard.rollback(...)`; else regularize (an explosion or a norm
+that overflows is rolled back the same way), step, `guard.stable()`, then
+`guard.after_step(...)`, which takes the restore point every `snapshot_every` applied steps
+(1 by default: a rollback then loses no applied step). Disk checkpoints are the trainer's
+own business.
 
 Invariants:
-- A rollback restores model, optimizer and regularizer to the last snapshot, drops the
-  (non-finite) gradients, then multiplies each param group's lr as it was at the failure by
-  lr_factor and tau as it was at the failure by tau_raise; so consecutive rollbacks compound.
-  An lr scheduler that rewrites lr must multiply by `lr_scale` to keep the reductions.
+- A rollback restores model, optimizer (moments), lr scheduler, regularizer and the RNGs to
+  the last snapshot, drops the gradients, then multiplies each param group's lr as it was at
+  the failure by lr_factor and tau as it was at the failure by tau_raise; so consecutive
+  rollbacks compound. An lr scheduler that rewrites lr must multiply by `lr_scale`.
+- `restores_weights` says whether the rollback changed the weights (the snapshot is older
+  than the last applied step); the trainer then bumps its policy version and publishes, so
+  versions stay monotonic and rollouts of the discarded versions become stale.
+- `state_dict()` (rollbacks so far, hence lr_scale) goes into the checkpoint: a resumed run
+  keeps its lr reductions; tau's raises live in the regularizer's own state.
 - At most `max_consecutive` rollbacks happen in a row: the next failure raises
   `TooManyRollbacks` and restores nothing. `stable()` (a good step) resets the count.
 - With torch.distributed initialised, `check` agrees across ranks (any rank's failure fails
@@ -18,7 +25,7 @@ Invariants:
   communication), so each rank snapshots and restores its own shard.
 - Memory: the snapshot holds a copy of the model's state dict (1x parameters and buffers) and
   of the optimizer state (2x parameters for AdamW), on the parameters' device unless
-  `snapshot_on_cpu`; take it only as often as you need a restore point.
+  `snapshot_on_cpu` (the default); `snapshot_every` trades that copy's time for lost steps.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch
 
 from grpo_stream.algo.regularizer import GradRegularizer, local_shard
 from grpo_stream.algo.settings import RollbackSettings
+from grpo_stream.training.checkpoint import rng_state, set_rng_state
 
 log = structlog.get_logger()
 
@@ -47,6 +55,8 @@ class _Snapshot:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     regularizer: dict[str, Any]
+    scheduler: dict[str, Any] | None
+    rng: dict[str, Any]
 
 
 def _clone_tree(obj: Any, device: torch.device | None) -> Any:
@@ -69,8 +79,10 @@ class RollbackGuard:
     def __init__(self, settings: RollbackSettings) -> None:
         self.settings = settings
         self.consecutive = 0  # rollbacks since the last stable step
-        self.total = 0  # rollbacks in this process
+        self.total = 0  # rollbacks so far (saved in checkpoints: lr_scale survives resume)
+        self.explosions = 0  # of which for an exploding gradient norm
         self.last_cause: str | None = None  # what the last failed `check` found
+        self.restores_weights = False  # the last rollback went back past applied steps
         self._snap: _Snapshot | None = None
 
     @property
@@ -89,6 +101,7 @@ class RollbackGuard:
         optimizer: torch.optim.Optimizer,
         regularizer: GradRegularizer,
         step: int,
+        scheduler: Any = None,
     ) -> None:
         """Copy the current (stable) state as the restore point."""
         device = torch.device("cpu") if self.settings.snapshot_on_cpu else None
@@ -97,7 +110,29 @@ class RollbackGuard:
             model=_clone_tree(model.state_dict(), device),
             optimizer=_clone_tree(optimizer.state_dict(), device),
             regularizer=copy.deepcopy(regularizer.state_dict()),
+            scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
+            rng=_clone_tree(rng_state(), None),
         )
+
+    def after_step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        regularizer: GradRegularizer,
+        step: int,
+        scheduler: Any = None,
+    ) -> None:
+        """An applied step: take the restore point when `step` is a multiple of
+        snapshot_every."""
+        if step % self.settings.snapshot_every == 0:
+            self.snapshot(model, optimizer, regularizer, step, scheduler)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"total": self.total, "explosions": self.explosions}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.total = int(state["total"])
+        self.explosions = int(state["explosions"])
 
     def check(self, loss: torch.Tensor, parameters: Iterable[torch.Tensor]) -> bool:
         """True when the loss and every gradient are finite (on every rank); one host sync."""
@@ -123,8 +158,10 @@ class RollbackGuard:
         regularizer: GradRegularizer,
         step: int,
         cause: str,
+        scheduler: Any = None,
     ) -> None:
-        """Restore the snapshot, lower lr, raise tau, log `grpo.rollback`.
+        """Restore the snapshot, lower lr, raise tau, log `grpo.rollback`. `step` is the
+        number of applied steps so far (the failing step is step + 1).
 
         Raises TooManyRollbacks when this would be rollback max_consecutive + 1 in a row.
         """
@@ -149,10 +186,15 @@ class RollbackGuard:
             reg_state["tau"] = pre_tau
         regularizer.load_state_dict(reg_state)
         regularizer.raise_tau(self.settings.tau_raise)
+        if scheduler is not None and self._snap.scheduler is not None:
+            scheduler.load_state_dict(copy.deepcopy(self._snap.scheduler))
+        set_rng_state(_clone_tree(self._snap.rng, None))
+        self.restores_weights = self._snap.step < step
         for group, lr in zip(optimizer.param_groups, pre_lrs, strict=True):
             group["lr"] = lr * self.settings.lr_factor
         model.zero_grad(set_to_none=True)
         self.total += 1
+        self.explosions += cause == "explosion"
         log.warning(
             "grpo.rollback",
             step=step,

@@ -33,8 +33,16 @@ class LossSettings(BaseModel):
     """Upper clip range (DAPO clip-higher): the ratio is clipped at 1 + eps_high."""
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip constant c (> 1) bounding the loss for negative advantages; None disables it."""
+    off_policy: Literal["tis", "decoupled", "behaviour", "none"] = "behaviour"
+    """Off-policy correction. The trainer recomputes pi_prox, its own log-probs at the start
+    of the step (one no-grad forward), for tis and decoupled; PPO ratio and clip are then
+    taken against pi_prox and each token is weighted by w = pi_prox / pi_behaviour (detached):
+    tis truncates w at is_cap, decoupled (AReaL) drops tokens with w > is_cap (w = 0 there).
+    behaviour: ratio and clip against the behaviour log-probs, no weight, no extra forward.
+    none: plain policy gradient, no ratio to any old policy and no weight (for comparison).
+    Default behaviour: best at staleness 4 in bench.off_policy (README, "Off-policy")."""
     is_cap: float = Field(2.0, gt=0)
-    """Cap of the truncated importance weight exp(trainer_logp_old - behaviour_logp)."""
+    """Cap of the importance weight pi_prox / pi_behaviour (tis truncates, decoupled masks)."""
     beta: float = Field(0.0, ge=0)
     """Weight of the k3 KL to the frozen reference; 0 loads no reference model."""
     aggregation: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
@@ -70,6 +78,13 @@ class RegularizerSettings(BaseModel):
     """Fraction of the first step's gradient norm used as the initial tau when tau0 is None."""
     clip_factor: float = Field(2.0, gt=1)
     """Hard clip at clip_factor * tau after the proximal step."""
+    explode_factor: float | None = Field(10.0, gt=1)
+    """A norm above explode_factor * tau is an explosion: the step is skipped and rolled back
+    (as is a norm that overflows to inf); None disables the check."""
+    explode_after: int = Field(5, ge=0)
+    """Finite steps before an explosion can be declared, unless tau0 is given: a tau taken
+    from the first step is no scale yet (a LoRA adapter starts with B = 0, so its norm grows
+    many-fold over the first steps); the 2*tau clip still bounds those steps."""
 
 
 class RollbackSettings(BaseModel):
@@ -83,8 +98,11 @@ class RollbackSettings(BaseModel):
     """tau multiplier applied on each rollback."""
     max_consecutive: int = Field(3, ge=1)
     """Stop with an error after this many rollbacks in a row."""
-    snapshot_on_cpu: bool = False
+    snapshot_on_cpu: bool = True
     """Keep the in-memory rollback snapshot (model + optimizer state) in host memory."""
+    snapshot_every: int = Field(1, ge=1)
+    """Take the restore point every this many applied steps (1: a rollback loses no applied
+    step; larger saves the copy's time on big models, a rollback then goes back up to K-1)."""
 
 
 class AlgoSettings(BaseModel):

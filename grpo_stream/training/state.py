@@ -2,8 +2,12 @@
 
 One step: TrainBatch -> padded tensors -> for each micro-batch: token log-probs (with grad),
 GRPO loss normalised by the whole batch's totals, backward (gradients accumulate) ->
-rollback guard check -> gradient regularizer (global norm) -> AdamW step -> version + 1.
-A non-finite loss or gradient skips the optimizer step and restores the last snapshot.
+rollback guard check -> gradient regularizer (global norm) -> AdamW step -> version + 1 ->
+restore point (every rollback.snapshot_every steps). With algo.loss.off_policy = tis or
+decoupled each micro-batch first gets pi_prox, a no-grad forward (training/offpolicy.py).
+A non-finite loss, gradient or norm, or an exploding norm, skips the optimizer step and
+restores the last snapshot; when that goes back past applied steps the version still grows
+(the restored weights are a new version, to publish: `StepResult.republish`).
 
 Several ranks (torchrun) either replicate the model under DDP or shard it with FSDP2
 (`trainer.parallel`, see grpo_stream.training.fsdp). Under FSDP2 `checkpoint` and
@@ -36,6 +40,7 @@ from grpo_stream.training.checkpoint import (
     set_rng_state,
 )
 from grpo_stream.training.lora import LoraPolicy
+from grpo_stream.training.offpolicy import OffPolicyMeter, proximal_logprobs
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
 
 log = structlog.get_logger()
@@ -45,6 +50,7 @@ log = structlog.get_logger()
 class StepResult:
     applied: bool
     metrics: dict[str, Any] = field(default_factory=dict)
+    republish: bool = False  # a rollback restored older weights as a new version
 
 
 @dataclass
@@ -67,6 +73,7 @@ class TrainState:
     rank: int = 0
     fault_fired: bool = False
     lora: LoraPolicy | None = None  # with trainer.lora.enabled (the model is then peft's)
+    meter: OffPolicyMeter = field(default_factory=OffPolicyMeter)  # this step's IS metrics
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
@@ -122,7 +129,7 @@ class TrainState:
 
             # DDP all-reduces gradient buckets asynchronously while backward still runs.
             state.ddp = DistributedDataParallel(model, bucket_cap_mb=t.ddp_bucket_mb)
-        state.guard.snapshot(model, optimizer, state.regularizer, state.step)
+        state.guard.snapshot(model, optimizer, state.regularizer, state.step, scheduler)
         return state
 
     def _load(self, path: Path) -> None:
@@ -135,6 +142,8 @@ class TrainState:
             self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.regularizer.load_state_dict(saved["regularizer"])
+        if "rollback" in saved:  # checkpoints before lr_scale was saved have none
+            self.guard.load_state_dict(saved["rollback"])
         self.step = int(saved["step"])
         self.version = int(saved["version"])
         set_rng_state(saved["rng"])
@@ -144,12 +153,13 @@ class TrainState:
             step=self.step,
             version=self.version,
             tau=self.regularizer.tau,
+            rollbacks=self.guard.total,
         )
 
     def checkpoint(self) -> Path | None:
         """Every rank calls this: each takes a new rollback snapshot (of its own shard under
         FSDP2) and joins gathering the full weights and optimizer state; rank 0 writes."""
-        self.guard.snapshot(self.model, self.optimizer, self.regularizer, self.step)
+        self.guard.snapshot(self.model, self.optimizer, self.regularizer, self.step, self.scheduler)
         weights, optimizer = self._full_state()
         if self.rank != 0:
             return None
@@ -157,6 +167,7 @@ class TrainState:
             "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "regularizer": self.regularizer.state_dict(),
+            "rollback": self.guard.state_dict(),
             "step": self.step,
             "version": self.version,
         }
@@ -201,13 +212,13 @@ class TrainState:
             return StepResult(applied=False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer.zero_grad(set_to_none=True)
+        self.meter = OffPolicyMeter(self.cfg.algo.loss.is_cap)
         loss, metrics = self._forward_backward(tensors, batch)
         if not self.guard.check(loss, params):
-            self.guard.rollback(
-                self.model, self.optimizer, self.regularizer, self.step, self.guard.last_cause or ""
-            )
-            return StepResult(applied=False)
+            return self._rollback(self.guard.last_cause or "")
         reg = self.regularizer.apply(params)
+        if reg.skip is not None:
+            return self._rollback(reg.skip, grad_norm=reg.norm_before, tau=reg.tau)
         self.optimizer.step()
         self.scheduler.step()
         for group in self.optimizer.param_groups:  # keep rollback's lr reductions
@@ -215,6 +226,10 @@ class TrainState:
         self.guard.stable()
         self.step += 1
         self.version += 1
+        self.guard.after_step(
+            self.model, self.optimizer, self.regularizer, self.step, self.scheduler
+        )
+        metrics.update(self.meter.summary())
         metrics.update(
             loss=float(loss),
             grad_norm=reg.norm_before,
@@ -224,8 +239,22 @@ class TrainState:
             reg_fired_frac=reg.fired_frac,
             lr=float(self.optimizer.param_groups[0]["lr"]),
             rollbacks=self.guard.total,
+            explosions=self.guard.explosions,
         )
         return StepResult(applied=True, metrics=metrics)
+
+    def _rollback(self, cause: str, **fields: float) -> StepResult:
+        """Skip this step and restore the last snapshot (see algo/rollback.py)."""
+        self.guard.rollback(
+            self.model, self.optimizer, self.regularizer, self.step, cause, self.scheduler
+        )
+        if self.guard.restores_weights:
+            self.version += 1  # older weights, a new version: rollouts of newer ones go stale
+        return StepResult(
+            applied=False,
+            metrics={"rollback_cause": cause, **fields},
+            republish=self.guard.restores_weights,
+        )
 
     def _vocab(self) -> int:
         return int(self.model.config.vocab_size)
@@ -304,7 +333,12 @@ class TrainState:
         rows, width = part.forward_shape
         whole = self.ddp is not None or self.fsdp
         chunk = rows if whole else settings.chunk_for(width, self._vocab())
-        logp, entropy = sequence_logprobs(model, part, chunk, self.cfg.generator.temperature)
+        temperature = self.cfg.generator.temperature
+        prox = None  # pi_prox: the weights at the start of the step, no grad
+        if settings.off_policy in ("tis", "decoupled"):
+            prox = proximal_logprobs(self.model, part, chunk, temperature)
+        logp, entropy = sequence_logprobs(model, part, chunk, temperature)
+        self.meter.add(logp.detach() if prox is None else prox, part, self.version)
         ref_logp = self._ref_logp(part) if self.ref_model is not None else None
         loss, m = grpo_loss(
             logp,
@@ -314,6 +348,7 @@ class TrainState:
             settings,
             ref_logp=ref_logp,
             max_tokens=self.cfg.generator.max_tokens,
+            trainer_old_logp=prox,
             entropy=entropy,
             num_seqs_total=totals[0],
             num_tokens_total=totals[1],

@@ -96,3 +96,10 @@ def test_shipped_examples_validate(name: str) -> None:
     path = Path(__file__).resolve().parents[2] / "examples" / name
     cfg = load_config(path)
     assert cfg.generator.engine == "vllm" and cfg.task.name == "dataset"
+
+
+def test_top_p_below_one_is_refused_with_one_line() -> None:
+    # the trainer's log-probs are the full tempered softmax; a nucleus sample's are not
+    with pytest.raises(ConfigError, match=r"generator: .*top_p < 1 is not supported") as err:
+        load_config(None, ["generator.top_p=0.9"])
+    assert "\n" not in str(err.value)

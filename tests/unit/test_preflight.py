@@ -121,7 +121,9 @@ def test_a_missing_data_file_is_named(tmp_path):
 def test_a_data_file_without_the_named_field_lists_its_fields(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")
-    with pytest.raises(PreflightError, match=r"task.prompt_field: .* no column 'question'; columns: "):
+    with pytest.raises(
+        PreflightError, match=r"task.prompt_field: .* no column 'question'; columns: "
+    ):
         preflight(_cfg(tmp_path, "task.name=math", f'task.path="{data}"'))
 
 

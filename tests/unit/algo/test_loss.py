@@ -35,7 +35,7 @@ def test_gradient_at_ratio_one_equals_policy_gradient(tiny_model: Any) -> None:
     advantages = torch.tensor([1.0, -0.5, 2.0, 0.0, -1.5, 0.3])
     params = list(tiny_model.parameters())
     logp, _ = token_logprobs(tiny_model, **data, chunk=4)
-    loss, _ = grpo_loss(logp, logp.detach(), advantages, mask, LossSettings())
+    loss, _ = grpo_loss(logp, logp.detach(), advantages, mask, LossSettings(off_policy="behaviour"))
     got = torch.autograd.grad(loss, params)
     logp, _ = token_logprobs(tiny_model, **data, chunk=4)
     mean_t = (logp * mask).sum(-1) / mask.sum(-1)  # (B,)
@@ -53,7 +53,7 @@ def test_aggregation_matches_hand_computation(aggregation: str, expected: float)
     # ratio 1, so each token's loss is -A: row 0 has 3 tokens of -1, row 1 one token of +2
     logp = torch.zeros(2, 4)
     mask = torch.tensor([[True, True, True, False], [False, True, False, False]])
-    settings = LossSettings.model_validate({"aggregation": aggregation})
+    settings = LossSettings.model_validate({"aggregation": aggregation, "off_policy": "behaviour"})
     loss, _ = grpo_loss(logp, logp, torch.tensor([1.0, -2.0]), mask, settings, max_tokens=4)
     assert loss.item() == pytest.approx(expected)
 
@@ -61,7 +61,13 @@ def test_aggregation_matches_hand_computation(aggregation: str, expected: float)
 def test_dr_grpo_needs_max_tokens() -> None:
     logp = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="max_tokens"):
-        grpo_loss(logp, logp, torch.ones(1), logp.bool(), LossSettings(aggregation="dr_grpo"))
+        grpo_loss(
+            logp,
+            logp,
+            torch.ones(1),
+            logp.bool(),
+            LossSettings(off_policy="behaviour", aggregation="dr_grpo"),
+        )
 
 
 def test_masked_tokens_never_count_even_when_nan() -> None:
@@ -69,7 +75,7 @@ def test_masked_tokens_never_count_even_when_nan() -> None:
     clean = leaf([[-0.5, -1.0, 0.0]])
     dirty = leaf([[-0.5, -1.0, math.nan]])
     old = torch.tensor([[-0.6, -0.9, math.inf]])
-    settings = LossSettings(aggregation="dapo")
+    settings = LossSettings(off_policy="behaviour", aggregation="dapo")
     a, _ = grpo_loss(clean, old.nan_to_num(posinf=0.0), torch.ones(1), mask, settings)
     b, _ = grpo_loss(dirty, old, torch.ones(1), mask, settings)
     a.backward()
@@ -85,7 +91,9 @@ def test_gradient_vanishes_exactly_on_clipped_tokens() -> None:
     logp = leaf([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     old = -torch.log(torch.tensor([[1.0, 1.5, 0.5], [1.0, 0.5, 1.5]]))
     mask = torch.ones(2, 3, dtype=torch.bool)
-    loss, metrics = grpo_loss(logp, old, torch.tensor([1.0, -1.0]), mask, LossSettings())
+    loss, metrics = grpo_loss(
+        logp, old, torch.tensor([1.0, -1.0]), mask, LossSettings(off_policy="behaviour")
+    )
     loss.backward()
     assert logp.grad is not None
     assert logp.grad[0, 1] == 0 and logp.grad[1, 1] == 0
@@ -100,7 +108,7 @@ def test_gradient_vanishes_exactly_on_clipped_tokens() -> None:
 def test_dual_clip_bounds_negative_advantage_loss_and_stops_its_gradient() -> None:
     logp = leaf([[math.log(5.0), math.log(2.0)]])  # ratios 5 (> c = 3) and 2 (< c)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    settings = LossSettings(dual_clip=3.0, aggregation="dapo")
+    settings = LossSettings(off_policy="behaviour", dual_clip=3.0, aggregation="dapo")
     loss, metrics = grpo_loss(logp, torch.zeros(1, 2), torch.tensor([-1.0]), mask, settings)
     loss.backward()
     assert loss.item() == pytest.approx((3.0 + 2.0) / 2)
@@ -113,7 +121,7 @@ def test_truncated_importance_weight_scales_gradient_and_is_capped() -> None:
     trainer_old = torch.zeros(1, 2)  # ratio against the trainer's old log-probs is 1
     behaviour = -torch.log(torch.tensor([[0.5, 3.0]]))  # weights 0.5 and 3 -> capped at 2
     mask = torch.ones(1, 2, dtype=torch.bool)
-    settings = LossSettings(is_cap=2.0, aggregation="dapo")
+    settings = LossSettings(off_policy="tis", is_cap=2.0, aggregation="dapo")
     loss, metrics = grpo_loss(
         logp, behaviour, torch.ones(1), mask, settings, trainer_old_logp=trainer_old
     )
@@ -124,12 +132,60 @@ def test_truncated_importance_weight_scales_gradient_and_is_capped() -> None:
     assert metrics["is_trunc_frac"] == pytest.approx(0.5)
 
 
+def test_decoupled_drops_tokens_whose_weight_exceeds_the_cap() -> None:
+    logp = leaf([[0.0, 0.0]])
+    behaviour = -torch.log(torch.tensor([[0.5, 3.0]]))  # weights 0.5 and 3 (> cap 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    settings = LossSettings(off_policy="decoupled", is_cap=2.0, aggregation="dapo")
+    loss, metrics = grpo_loss(
+        logp, behaviour, torch.ones(1), mask, settings, trainer_old_logp=torch.zeros(1, 2)
+    )
+    loss.backward()
+    assert logp.grad is not None
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, 0.0]]))
+    assert metrics["is_trunc_frac"] == pytest.approx(0.5)
+
+
+def test_decoupled_ratio_is_clipped_around_the_proximal_policy() -> None:
+    # pi_theta / pi_prox = 1.5 > 1 + eps_high with A > 0: clipped, no gradient, although
+    # pi_theta / pi_behaviour = 1 would not be
+    logp = leaf([[math.log(1.5)]])
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    settings = LossSettings(off_policy="decoupled", aggregation="dapo")
+    behaviour = torch.tensor([[math.log(1.5)]])
+    loss, metrics = grpo_loss(
+        logp, behaviour, torch.ones(1), mask, settings, trainer_old_logp=torch.zeros(1, 1)
+    )
+    loss.backward()
+    assert logp.grad is not None and logp.grad[0, 0] == 0
+    assert metrics["clip_frac_high"] == 1.0
+
+
+@pytest.mark.parametrize("mode", ["tis", "decoupled"])
+def test_tis_and_decoupled_need_the_trainers_log_probs(mode: str) -> None:
+    logp = torch.zeros(1, 2)
+    settings = LossSettings.model_validate({"off_policy": mode})
+    with pytest.raises(ValueError, match=f"off_policy='{mode}' needs trainer_old_logp"):
+        grpo_loss(logp, logp, torch.ones(1), logp.bool(), settings)
+
+
+def test_none_is_the_plain_policy_gradient_whatever_the_behaviour_log_probs() -> None:
+    logp = leaf([[-1.0, -2.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    settings = LossSettings(off_policy="none", aggregation="dapo")
+    loss, metrics = grpo_loss(logp, torch.tensor([[-5.0, 3.0]]), torch.ones(1), mask, settings)
+    loss.backward()
+    assert logp.grad is not None
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.5, -0.5]]))
+    assert metrics["ratio_mean"] == 1.0
+
+
 def test_k3_kl_matches_hand_computation_and_is_weighted_by_beta() -> None:
     logp = torch.zeros(1, 2)
     ref = torch.tensor([[0.5, -0.3]])
     k3 = [math.exp(0.5) - 0.5 - 1, math.exp(-0.3) + 0.3 - 1]
     mask = torch.ones(1, 2, dtype=torch.bool)
-    settings = LossSettings(beta=0.1, aggregation="dapo")
+    settings = LossSettings(off_policy="behaviour", beta=0.1, aggregation="dapo")
     loss, metrics = grpo_loss(logp, logp, torch.zeros(1), mask, settings, ref_logp=ref)
     assert metrics["kl"] == pytest.approx(sum(k3) / 2)
     assert loss.item() == pytest.approx(0.1 * sum(k3) / 2)
@@ -138,14 +194,18 @@ def test_k3_kl_matches_hand_computation_and_is_weighted_by_beta() -> None:
 def test_positive_beta_without_reference_is_an_error() -> None:
     logp = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(logp, logp, torch.ones(1), logp.bool(), LossSettings(beta=0.1))
+        grpo_loss(
+            logp, logp, torch.ones(1), logp.bool(), LossSettings(off_policy="behaviour", beta=0.1)
+        )
 
 
 def test_entropy_metric_is_mean_over_completion_tokens() -> None:
     logp = torch.zeros(1, 3)
     mask = torch.tensor([[False, True, True]])
     entropy = torch.tensor([[9.0, 1.0, 2.0]])
-    _, metrics = grpo_loss(logp, logp, torch.ones(1), mask, LossSettings(), entropy=entropy)
+    _, metrics = grpo_loss(
+        logp, logp, torch.ones(1), mask, LossSettings(off_policy="behaviour"), entropy=entropy
+    )
     assert metrics["entropy"] == pytest.approx(1.5)
     assert metrics["num_tokens"] == 2
 
@@ -155,7 +215,7 @@ def test_micro_batch_accumulation_equals_full_batch(tiny_model: Any, aggregation
     data = model_batch()
     mask = data["completion_mask"]
     settings = LossSettings.model_validate(
-        {"aggregation": aggregation, "eps_low": 0.01, "eps_high": 0.01}
+        {"off_policy": "behaviour", "aggregation": aggregation, "eps_low": 0.01, "eps_high": 0.01}
     )
     gen = torch.Generator().manual_seed(2)
     old = torch.where(mask, -2.8 + 0.3 * torch.randn(mask.shape, generator=gen), 0.0)

@@ -36,7 +36,7 @@ def numerical_prox(g: torch.Tensor, tau: float, lam: float) -> torch.Tensor:
 def test_closed_form_equals_numerical_minimisation(tau: float, lam: float) -> None:
     g = torch.tensor([3.0, -4.0, 1.0, 2.0], dtype=torch.float64)
     param = param_with_grad(g.tolist())
-    settings = RegularizerSettings(tau0=tau, lam=lam, clip_factor=1e6)
+    settings = RegularizerSettings(tau0=tau, lam=lam, clip_factor=1e6, explode_factor=None)
     GradRegularizer(settings).apply([param])
     assert param.grad is not None
     expected = numerical_prox(g, tau, lam).float()
@@ -59,7 +59,7 @@ def test_first_step_sets_tau_from_norm_and_updates_it_after_use() -> None:
     assert stats.tau == 2.0  # used: 0.5 * 4
     assert stats.norm_after == pytest.approx(prox_norm(4.0, 2.0, 1.0)) == 3.0
     assert param.grad is not None and param.grad.tolist() == pytest.approx([0.0, 3.0])
-    assert reg.tau == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)
+    assert reg.tau == pytest.approx(0.9 * 2.0 + 0.1 * 3.0)  # the EMA takes the shrunk norm
 
 
 def test_hard_clip_at_clip_factor_times_tau_after_the_prox() -> None:
@@ -85,12 +85,45 @@ def test_non_finite_norm_is_reported_and_changes_nothing() -> None:
     assert param.grad is not None and param.grad[1].item() == 2.0
 
 
+def test_a_spike_moves_tau_by_the_clipped_norm_only() -> None:
+    reg = GradRegularizer(RegularizerSettings(tau0=1.0, explode_factor=None))
+    stats = reg.apply([param_with_grad([1000.0])])  # 1000x spike, clipped to 2 * tau
+    assert stats.clipped and stats.norm_after == 2.0
+    assert reg.tau == pytest.approx(0.9 * 1.0 + 0.1 * 2.0)
+
+
+def test_a_norm_growing_3x_per_step_is_not_followed_by_the_clip() -> None:
+    reg = GradRegularizer(RegularizerSettings(tau0=1.0, explode_factor=None))
+    caps = []
+    for k in range(1, 5):  # norms 3, 9, 27, 81
+        caps.append(2.0 * reg.tau if reg.tau is not None else 0.0)
+        reg.apply([param_with_grad([3.0**k])])
+    assert caps[-1] < 3.0  # today's clip stays near 2 * tau0 (it was 2 -> 9 -> 70 -> 209)
+
+
+def test_a_norm_over_explode_factor_tau_is_an_explosion_that_changes_nothing() -> None:
+    param = param_with_grad([30.0, 40.0])  # norm 50 > 10 * tau
+    reg = GradRegularizer(RegularizerSettings(tau0=4.0, explode_factor=10.0))
+    stats = reg.apply([param])
+    assert stats.exploded and stats.skip == "explosion" and stats.finite
+    assert reg.tau == 4.0 and reg.steps == 0
+    assert param.grad is not None and param.grad.tolist() == [30.0, 40.0]
+
+
+def test_finite_gradients_whose_norm_overflows_are_not_finite() -> None:
+    param = param_with_grad([3e19, 3e19])  # each square overflows float32
+    reg = GradRegularizer(RegularizerSettings(tau0=1.0))
+    stats = reg.apply([param])
+    assert torch.isfinite(param.grad).all() and stats.skip == "non_finite_norm"
+    assert reg.tau == 1.0
+
+
 def test_all_zero_first_gradient_leaves_tau_unset() -> None:
     reg = GradRegularizer(RegularizerSettings())
     reg.apply([param_with_grad([0.0, 0.0])])
     assert reg.tau is None
     reg.apply([param_with_grad([0.0, 2.0])])
-    assert reg.tau == pytest.approx(0.9 * 1.0 + 0.1 * 2.0)
+    assert reg.tau == pytest.approx(0.9 * 1.0 + 0.1 * prox_norm(2.0, 1.0, 1.0))
 
 
 def test_fired_fraction_counts_steps_where_the_prox_applied() -> None:
@@ -144,3 +177,13 @@ def test_two_gloo_ranks_scale_like_one_process_on_the_whole_gradient(
     assert whole.grad is not None
     assert ranks[0]["grad"] + ranks[1]["grad"] == pytest.approx(whole.grad.tolist(), rel=1e-6)
     sys.modules.pop("regularizer_ranks", None)
+
+
+def test_no_explosion_is_declared_before_tau_is_measured() -> None:
+    # tau from the first step's norm is no scale yet: a 100x larger second norm (a LoRA
+    # adapter leaving B = 0) is clipped, not called an explosion
+    reg = GradRegularizer(RegularizerSettings(explode_factor=10.0, explode_after=5))
+    first = reg.apply([param_with_grad([1.0])])
+    second = reg.apply([param_with_grad([100.0])])
+    assert first.finite and not first.exploded
+    assert not second.exploded and second.norm_after <= 2.0 * second.tau + 1e-9

@@ -1,4 +1,6 @@
-"""The rollback guard: an injected NaN restores the last stable state and lowers the lr."""
+"""The rollback guard on its own: what `check` finds, what `rollback` restores (model,
+optimizer moments, scheduler, regularizer, RNG), lr and tau responses, limits. The guard
+inside the real train step is tested in tests/unit/training/test_state.py."""
 
 from __future__ import annotations
 
@@ -16,61 +18,97 @@ from grpo_stream.algo.settings import RegularizerSettings, RollbackSettings
 IDS = torch.tensor([[1, 2, 3, 4, 5, 6]])
 
 
-class Run:
-    """A tiny model, AdamW, regularizer and guard, stepped like the trainer does."""
+class Parts:
+    """Model, AdamW, scheduler, regularizer and guard: what the guard saves and restores."""
 
     def __init__(self, model: Any, settings: RollbackSettings | None = None) -> None:
         self.model = model
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        self.regularizer = GradRegularizer(RegularizerSettings())
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: 1.0)
+        self.regularizer = GradRegularizer(RegularizerSettings(tau0=1.0))
         self.guard = RollbackGuard(settings or RollbackSettings())
-        self.step = 0
 
-    def train_step(self, inject_nan: bool = False) -> bool:
-        """One step; returns whether it went through (else it was rolled back)."""
-        self.step += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(input_ids=IDS).logits.pow(2).mean()
-        if inject_nan:
-            loss = loss * math.nan
-        loss.backward()
-        params = list(self.model.parameters())
-        if not self.guard.check(loss, params):
-            cause = self.guard.last_cause or "unknown"
-            self.guard.rollback(self.model, self.optimizer, self.regularizer, self.step, cause)
-            return False
-        self.regularizer.apply(params)
+    def move(self) -> None:
+        """Change weights, moments, schedule, tau and the RNG (any update would)."""
+        self.optimizer.zero_grad()
+        self.model(input_ids=IDS).logits.pow(2).mean().backward()
         self.optimizer.step()
-        self.guard.stable()
-        return True
+        self.scheduler.step()
+        self.regularizer.tau = 7.0
+        torch.rand(3)
 
-    def snapshot(self) -> None:
-        self.guard.snapshot(self.model, self.optimizer, self.regularizer, self.step)
+    def snapshot(self, step: int) -> None:
+        self.guard.snapshot(self.model, self.optimizer, self.regularizer, step, self.scheduler)
 
-    def params(self) -> list[torch.Tensor]:
-        return [p.detach().clone() for p in self.model.parameters()]
+    def rollback(self, step: int) -> None:
+        self.guard.rollback(
+            self.model, self.optimizer, self.regularizer, step, "non_finite_loss", self.scheduler
+        )
 
 
-def test_injected_nan_restores_parameters_and_lowers_lr(tiny_model: Any) -> None:
-    run = Run(tiny_model)
-    run.train_step()
-    run.snapshot()
-    stable = run.params()
-    stable_avg = [s["exp_avg"].clone() for s in run.optimizer.state.values()]
-    run.train_step()  # a good step after the snapshot, then a NaN
-    tau_at_failure = run.regularizer.tau
-    assert tau_at_failure is not None
+def clone_params(model: Any) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_rollback_restores_model_moments_schedule_and_rng(tiny_model: Any) -> None:
+    parts = Parts(tiny_model)
+    parts.move()
+    parts.snapshot(step=1)
+    weights = clone_params(tiny_model)
+    moments = [s["exp_avg_sq"].clone() for s in parts.optimizer.state.values()]
+    draw = torch.rand(3)  # what the RNG gives next from the snapshot
+    parts.move()
+    parts.move()
     with capture_logs() as logs:
-        assert not run.train_step(inject_nan=True)
-    for p, s in zip(run.model.parameters(), stable, strict=True):
-        assert torch.equal(p.detach(), s) and p.grad is None
-    for state, avg in zip(run.optimizer.state.values(), stable_avg, strict=True):
-        assert torch.equal(state["exp_avg"], avg)
-    assert run.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.8)
-    assert run.regularizer.tau == pytest.approx(tau_at_failure * 1.5)
+        parts.rollback(step=3)
+    for p, w in zip(tiny_model.parameters(), weights, strict=True):
+        assert torch.equal(p.detach(), w) and p.grad is None
+    for s, m in zip(parts.optimizer.state.values(), moments, strict=True):
+        assert torch.equal(s["exp_avg_sq"], m)
+    assert parts.scheduler.last_epoch == 1
+    assert torch.equal(torch.rand(3), draw)
+    assert parts.guard.restores_weights
     event = next(e for e in logs if e["event"] == "grpo.rollback")
-    assert event["step"] == 3 and event["cause"] == "non_finite_loss"
-    assert event["consecutive"] == 1 and event["restored_step"] == 1
+    assert event["restored_step"] == 1 and event["cause"] == "non_finite_loss"
+
+
+def test_rollback_to_the_current_step_does_not_restore_weights(tiny_model: Any) -> None:
+    parts = Parts(tiny_model)
+    parts.move()
+    parts.snapshot(step=1)
+    parts.rollback(step=1)
+    assert not parts.guard.restores_weights
+
+
+def test_rollback_lowers_the_lr_and_raises_tau_as_they_were_at_the_failure(
+    tiny_model: Any,
+) -> None:
+    parts = Parts(tiny_model)
+    parts.snapshot(step=0)
+    parts.move()  # tau 7 at the failure
+    parts.rollback(step=1)
+    parts.rollback(step=1)
+    assert parts.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.8 * 0.8)
+    assert parts.guard.lr_scale == pytest.approx(0.64)
+    assert parts.regularizer.tau == pytest.approx(7.0 * 1.5 * 1.5)
+
+
+def test_after_step_takes_the_restore_point_every_snapshot_every_steps(tiny_model: Any) -> None:
+    parts = Parts(tiny_model, RollbackSettings(snapshot_every=3))
+    parts.snapshot(step=0)
+    for step in range(1, 6):
+        parts.guard.after_step(
+            parts.model, parts.optimizer, parts.regularizer, step, parts.scheduler
+        )
+    assert parts.guard.snapshot_step == 3
+
+
+def test_rollback_count_round_trips_through_state_dict() -> None:
+    guard = RollbackGuard(RollbackSettings())
+    guard.total, guard.explosions = 3, 1
+    other = RollbackGuard(RollbackSettings())
+    other.load_state_dict(guard.state_dict())
+    assert other.lr_scale == pytest.approx(0.8**3) and other.explosions == 1
 
 
 def test_check_names_a_non_finite_gradient(tiny_model: Any) -> None:
@@ -87,63 +125,47 @@ def test_check_names_a_non_finite_gradient(tiny_model: Any) -> None:
 
 
 def test_too_many_rollbacks_in_a_row_raise_a_clear_error(tiny_model: Any) -> None:
-    run = Run(tiny_model, RollbackSettings(max_consecutive=2))
-    run.train_step()
-    run.snapshot()
-    assert not run.train_step(inject_nan=True)
-    assert not run.train_step(inject_nan=True)
+    parts = Parts(tiny_model, RollbackSettings(max_consecutive=2))
+    parts.snapshot(step=0)
+    parts.rollback(step=0)
+    parts.rollback(step=0)
     with pytest.raises(TooManyRollbacks, match=r"rollback\.max_consecutive=2"):
-        run.train_step(inject_nan=True)
+        parts.rollback(step=0)
 
 
 def test_a_stable_step_resets_the_consecutive_count(tiny_model: Any) -> None:
-    run = Run(tiny_model, RollbackSettings(max_consecutive=2))
-    run.train_step()
-    run.snapshot()
-    for _ in range(2):
-        assert not run.train_step(inject_nan=True)
-    assert run.train_step()
-    assert run.guard.consecutive == 0
-    assert not run.train_step(inject_nan=True)  # allowed again
-
-
-def test_consecutive_rollbacks_compound_the_lr_reduction(tiny_model: Any) -> None:
-    run = Run(tiny_model)
-    run.train_step()
-    run.snapshot()
-    run.train_step(inject_nan=True)
-    run.train_step(inject_nan=True)
-    assert run.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.8 * 0.8)
-    assert run.guard.lr_scale == pytest.approx(0.64)
+    parts = Parts(tiny_model, RollbackSettings(max_consecutive=2))
+    parts.snapshot(step=0)
+    parts.rollback(step=0)
+    parts.rollback(step=0)
+    parts.guard.stable()
+    assert parts.guard.consecutive == 0
+    parts.rollback(step=0)  # allowed again
 
 
 def test_snapshot_survives_steps_taken_after_a_rollback(tiny_model: Any) -> None:
-    run = Run(tiny_model)
-    run.train_step()
-    run.snapshot()
-    stable = run.params()
-    stable_avg = [s["exp_avg"].clone() for s in run.optimizer.state.values()]
-    run.train_step(inject_nan=True)
-    run.train_step()  # the optimizer steps again, in place, from the restored state
-    run.train_step(inject_nan=True)
-    for p, s in zip(run.model.parameters(), stable, strict=True):
-        assert torch.equal(p.detach(), s)
-    for state, avg in zip(run.optimizer.state.values(), stable_avg, strict=True):
-        assert torch.equal(state["exp_avg"], avg)
+    parts = Parts(tiny_model)
+    parts.move()
+    parts.snapshot(step=1)
+    weights = clone_params(tiny_model)
+    parts.rollback(step=1)
+    parts.move()  # the optimizer steps again, in place, from the restored state
+    parts.rollback(step=2)
+    for p, w in zip(tiny_model.parameters(), weights, strict=True):
+        assert torch.equal(p.detach(), w)
 
 
-def test_snapshot_on_cpu_restores_the_same_state(tiny_model: Any) -> None:
-    run = Run(tiny_model, RollbackSettings(snapshot_on_cpu=True))
-    run.train_step()
-    run.snapshot()
-    stable = run.params()
-    run.train_step()
-    run.train_step(inject_nan=True)
-    for p, s in zip(run.model.parameters(), stable, strict=True):
-        assert torch.equal(p.detach(), s)
+def test_snapshot_on_the_parameters_device_restores_the_same_state(tiny_model: Any) -> None:
+    parts = Parts(tiny_model, RollbackSettings(snapshot_on_cpu=False))
+    parts.snapshot(step=0)
+    weights = clone_params(tiny_model)
+    parts.move()
+    parts.rollback(step=1)
+    for p, w in zip(tiny_model.parameters(), weights, strict=True):
+        assert torch.equal(p.detach(), w)
 
 
 def test_rollback_without_a_snapshot_is_an_error(tiny_model: Any) -> None:
-    run = Run(tiny_model)
+    parts = Parts(tiny_model)
     with pytest.raises(RuntimeError, match="snapshot"):
-        run.train_step(inject_nan=True)
+        parts.rollback(step=0)

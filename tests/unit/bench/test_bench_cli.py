@@ -130,3 +130,16 @@ def test_series_rates_skip_the_first_step(
 def test_reward_means_skip_missing_rewards(bench: Callable[[str], ModuleType]) -> None:
     series = bench("common").StepSeries("x", rewards=[math.nan, 1.0, 0.0, 0.5])
     assert (series.reward_first(2), series.reward_last(2)) == (1.0, 0.25)
+
+
+def test_off_policy_default_grid_is_reduced_and_full_is_the_whole_grid(
+    bench: Callable[[str], ModuleType],
+) -> None:
+    mod = bench("off_policy")
+    default = mod.grid(mod.build_parser().parse_args([]))
+    assert default[0] == (0, "tis", 1)  # the on-policy reference first
+    assert sorted(default[1:]) == sorted((4, m, 1) for m in mod.MODES)
+    full = mod.grid(mod.build_parser().parse_args(["--full"]))
+    assert len(full) == 4 * len(mod.MODES) * 2
+    for mode in mod.MODES:  # every compared correction is a valid setting
+        assert load_config(None, [f'algo.loss.off_policy="{mode}"']).algo.loss.off_policy == mode

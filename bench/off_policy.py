@@ -1,0 +1,330 @@
+"""Off-policy corrections under staleness: reward gain after N steps, same seed, same work.
+
+Staleness is simulated in one process, with the real parts: the trainer is the real
+`TrainState` (its `train_step`, grpo_loss, regularizer and rollback guard), the generator the
+real `HFEngine` (its sampling code) holding a copy of the policy that lags `k` versions
+behind: at trainer version v it samples with the weights of version max(0, v - k), kept in a
+queue of snapshots. So every batch of a run at max_staleness k is exactly k versions stale
+(the worst case a hub with max_staleness = k lets through). Rewards are the task's own
+reward functions; advantages the algo package's `group_advantages`; zero-signal groups are
+dropped as the hub drops them; batches are the hub's `build_batch`.
+
+reuse r: each step samples groups_per_step / r fresh prompts and trains on them plus the
+groups of the previous r - 1 steps (each group is trained on r times, the older uses one
+more version stale), so every step trains on the same number of groups; reuse 2 does half
+the sampling.
+
+Measure: the mean reward of the final policy on held-out problems (task indices from
+1_000_000, fixed sampling seed, the same for every run) minus that of the initial policy;
+the gain ratio of a run is its gain over the on-policy run's (staleness 0, reuse 1, tis; at
+staleness 0 and reuse 1 the four corrections compute the same update up to rounding).
+
+    python -m bench.off_policy                  # reduced grid: staleness 0 and 4, reuse 1
+    python -m bench.off_policy --full           # staleness 0,2,4,8 x 4 corrections x reuse 1,2
+    python -m bench.off_policy --staleness 0,2 --modes tis,behaviour --reuse 1,2 --steps 80
+
+Last line: `staleness4 best/onpolicy gain ratio: R` (best correction at staleness 4, reuse 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import RESULTS_DIR, environment, save_json
+
+MODES = ("none", "behaviour", "tis", "decoupled")
+EVAL_OFFSET = 1_000_000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=40, help="applied trainer steps per run")
+    p.add_argument("--staleness", default="0,4", help="comma-separated max_staleness values")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated off_policy modes")
+    p.add_argument("--reuse", default="1", help="comma-separated reuse values")
+    p.add_argument("--full", action="store_true", help="staleness 0,2,4,8 x modes x reuse 1,2")
+    p.add_argument("--prompts-per-step", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--eval-prompts", type=int, default=128)
+    p.add_argument("--eval-group", type=int, default=4, help="samples per held-out prompt")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default="off_policy", help="bench/results/NAME.{json,png}")
+    return p
+
+
+class Sim:
+    """The shared parts of every run: config maker, task, rewards, initial weights."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from grpo_stream.rewards import load_reward, reward_specs
+        from grpo_stream.tasks import make_task
+
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="grpo-offpolicy-"))
+        base = self.config("tis", 0)
+        self.task = make_task(base.task)
+        self.specs = reward_specs(base.task, self.task)
+        self.fns = [load_reward(s) for s in self.specs]
+
+    def config(self, mode: str, run: int) -> Any:
+        from grpo_stream.config import load_config
+
+        a = self.args
+        return load_config(
+            None,
+            [
+                f"run.run_dir={json.dumps(str(self.tmp / f'run{run}'))}",
+                f"run.seed={a.seed}",
+                'model.dtype="float32"',
+                f"trainer.lr={a.lr}",
+                f"algo.loss.off_policy={json.dumps(mode)}",
+                f"hub.groups_per_step={a.prompts_per_step}",
+                f"generator.group_size={a.group_size}",
+                f"generator.max_tokens={a.max_tokens}",
+            ],
+        )
+
+    def reward(self, text: str, index: int) -> float:
+        from grpo_stream.rewards import combine
+
+        problem = self.task.problem(index)
+        values = []
+        for fn in self.fns:
+            try:
+                value = float(fn(text, prompt=problem.prompt, reference=problem.reference))
+            except Exception:  # a failing reward scores 0, as in evaluation.py
+                value = 0.0
+            values.append(value if math.isfinite(value) else 0.0)
+        return combine(values, self.specs)
+
+    def evaluate(self, engine: Any) -> float:
+        """Mean reward on the held-out problems (fixed prompts and sampling seed)."""
+        a = self.args
+        indices = [EVAL_OFFSET + i for i in range(a.eval_prompts)]
+        prompts = [self.task.problem(i).prompt for i in indices]
+        groups = engine.generate(prompts, a.eval_group, a.max_tokens, 1.0, seed=a.seed + 7)
+        scores = [
+            self.reward(c.text, i)
+            for i, g in zip(indices, groups, strict=True)
+            for c in g.completions
+        ]
+        return float(np.mean(scores))
+
+
+def _groups(
+    sim: Sim, engine: Any, cursor: int, count: int, step: int, cfg: Any
+) -> tuple[list[Any], float]:
+    """Sample, score and assemble `count` fresh groups (zero-signal ones dropped); and the
+    mean reward of all the samples."""
+    import torch
+
+    from grpo_stream.algo.advantages import drops_group, group_advantages
+    from grpo_stream.hub.replay import Group
+
+    a = sim.args
+    indices = list(range(cursor, cursor + count))
+    prompts = [sim.task.problem(i).prompt for i in indices]
+    samples = engine.generate(prompts, a.group_size, a.max_tokens, 1.0, seed=a.seed * 7919 + step)
+    out, total = [], 0.0
+    for gid, sample in zip(indices, samples, strict=True):
+        rewards = torch.tensor([sim.reward(c.text, gid) for c in sample.completions])
+        total += float(rewards.mean())
+        adv = group_advantages(rewards, cfg.algo.advantage)
+        if drops_group(adv, cfg.algo.advantage):
+            continue
+        lengths = [len(c.token_ids) for c in sample.completions]
+        out.append(
+            Group(
+                group_id=gid,
+                policy_version=engine.version,
+                prompt_ids=np.array(sample.prompt_ids, dtype=np.int32),
+                completion_ids=np.array(
+                    [t for c in sample.completions for t in c.token_ids], dtype=np.int32
+                ),
+                completion_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                logprobs=np.array(
+                    [x for c in sample.completions for x in c.logprobs], dtype=np.float32
+                ),
+                rewards=rewards.numpy().astype(np.float32),
+                advantages=adv.advantages.numpy().astype(np.float32),
+                valid=adv.valid_mask.numpy().astype(bool),
+            )
+        )
+    return out, total / len(indices)
+
+
+def run_one(sim: Sim, staleness: int, mode: str, reuse: int, run: int) -> dict[str, Any]:
+    """One training run; returns its final held-out reward and per-step series."""
+    import torch
+
+    from grpo_stream.engines.hf import HFEngine
+    from grpo_stream.hub.batches import build_batch
+    from grpo_stream.models.loading import load_policy
+    from grpo_stream.training.state import TrainState
+
+    a = sim.args
+    cfg = sim.config(mode, run)
+    state = TrainState.create(cfg)
+    policy = load_policy(cfg.model.name_or_path, dtype="float32", device="cpu", trainable=False)
+    engine = HFEngine(policy, state.tokenizer, "cpu")
+    snapshots: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=staleness + 1)
+    recent: deque[list[Any]] = deque(maxlen=reuse - 1) if reuse > 1 else deque(maxlen=0)
+    fresh_per_step = max(1, a.prompts_per_step // reuse)
+    cursor, rewards, gaps, weights = 0, [], [], []
+    start = time.perf_counter()
+    tries = 0
+    while state.step < a.steps and tries < 3 * a.steps:
+        tries += 1
+        snapshots.append((state.version, {k: v.clone() for k, v in state.named_weights()}))
+        version, weights_then = snapshots[0]  # the oldest kept: k versions behind at most
+        if engine.version != version:
+            engine.load_weights(weights_then.items(), version)
+        fresh, sampled_reward = _groups(sim, engine, cursor, fresh_per_step, tries, cfg)
+        cursor += fresh_per_step
+        groups = fresh + [g for old in recent for g in old]
+        if reuse > 1:
+            recent.append(fresh)
+        if not groups:
+            continue
+        result = state.train_step(build_batch(state.step, groups, state.version, {}))
+        if result.applied:
+            rewards.append(sampled_reward)  # of the (stale) policy that sampled this step
+            gaps.append(result.metrics["logp_gap"])
+            weights.append(result.metrics["is_weight_max"])
+    seconds = time.perf_counter() - start
+    engine.load_weights(state.named_weights(), state.version)
+    final = sim.evaluate(engine)
+    return {
+        "staleness": staleness,
+        "mode": mode,
+        "reuse": reuse,
+        "steps": state.step,
+        "final_reward": final,
+        "train_rewards": rewards,
+        "logp_gap": gaps,
+        "is_weight_max": weights,
+        "rollbacks": state.guard.total,
+        "seconds": seconds,
+    }
+
+
+def plot(path: Path, runs: list[dict[str, Any]], initial: float, onpolicy: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stale = sorted({r["staleness"] for r in runs})
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    width = 0.8 / len(MODES)
+    for j, mode in enumerate(MODES):
+        for reuse, hatch in ((1, ""), (2, "//")):
+            xs, ys = [], []
+            for i, s in enumerate(stale):
+                for r in runs:
+                    if (r["staleness"], r["mode"], r["reuse"]) == (s, mode, reuse):
+                        xs.append(i + (j - 1.5) * width)
+                        ys.append(r["final_reward"] - initial)
+            if xs:
+                label = mode if reuse == 1 else f"{mode} reuse 2"
+                ax.bar(xs, ys, width * (0.9 if reuse == 1 else 0.45), hatch=hatch, label=label)
+    ax.axhline(onpolicy - initial, color="k", lw=0.8, ls="--", label="on-policy gain")
+    ax.set_xticks(range(len(stale)), [f"staleness {s}" for s in stale])
+    ax.set_ylabel("held-out reward gain after N steps")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def grid(args: argparse.Namespace) -> list[tuple[int, str, int]]:
+    if args.full:
+        return [(s, m, r) for r in (1, 2) for s in (0, 2, 4, 8) for m in MODES]
+    stale = [int(x) for x in args.staleness.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
+    reuses = [int(x) for x in args.reuse.split(",")]
+    runs = [(0, "tis", 1)]  # the on-policy reference
+    for r in reuses:
+        for s in stale:
+            if (s, r) == (0, 1):
+                continue  # every mode computes the on-policy update there
+            runs += [(s, m, r) for m in modes]
+    return runs
+
+
+def main() -> None:
+    import torch
+
+    args = build_parser().parse_args()
+    torch.set_num_threads(args.threads)
+    sim = Sim(args)
+    from grpo_stream.engines.hf import HFEngine
+    from grpo_stream.models.loading import load_policy, load_tokenizer
+
+    base = sim.config("tis", 0)
+    policy = load_policy(base.model.name_or_path, dtype="float32", device="cpu", trainable=False)
+    initial = sim.evaluate(HFEngine(policy, load_tokenizer(base.model.name_or_path), "cpu"))
+    print(f"initial held-out reward {initial:.4f} ({args.eval_prompts}x{args.eval_group} samples)")
+    runs = []
+    for n, (s, m, r) in enumerate(grid(args)):
+        torch.manual_seed(args.seed)
+        res = run_one(sim, s, m, r, n)
+        runs.append(res)
+        print(
+            f"staleness {s} reuse {r} {m:9s} reward {res['final_reward']:.4f} "
+            f"gain {res['final_reward'] - initial:+.4f} steps {res['steps']} "
+            f"gap {np.mean(res['logp_gap']):.3f} rollbacks {res['rollbacks']} "
+            f"{res['seconds']:.0f}s",
+            flush=True,
+        )
+    on = next(r for r in runs if (r["staleness"], r["reuse"]) == (0, 1))["final_reward"]
+    on_gain = on - initial
+    print(
+        "\nstaleness reuse " + " ".join(f"{m:>10s}" for m in MODES) + "   (gain / on-policy gain)"
+    )
+    table: dict[str, dict[str, float]] = {}
+    for r_ in sorted({r["reuse"] for r in runs}):
+        for s in sorted({r["staleness"] for r in runs}):
+            row = {
+                r["mode"]: (r["final_reward"] - initial) / on_gain
+                for r in runs
+                if (r["staleness"], r["reuse"]) == (s, r_)
+            }
+            if row:
+                table[f"s{s}_r{r_}"] = row
+                cells = " ".join(f"{row[m]:10.3f}" if m in row else f"{'-':>10s}" for m in MODES)
+                print(f"{s:9d} {r_:5d} {cells}")
+    out = RESULTS_DIR / f"{args.name}.json"
+    save_json(
+        out,
+        {
+            "args": vars(args),
+            "initial_reward": initial,
+            "onpolicy_reward": on,
+            "ratios": table,
+            "runs": runs,
+            "environment": environment(),
+        },
+    )
+    plot(RESULTS_DIR / f"{args.name}.png", runs, initial, on)
+    print(f"wrote {out}")
+    four = table.get("s4_r1", {})
+    best = max(four.values()) if four else math.nan
+    print(f"staleness4 best/onpolicy gain ratio: {best:.3f}")
+
+
+if __name__ == "__main__":
+    main()
