@@ -53,6 +53,10 @@ def up(
         extra.append("hub.max_staleness=0")
     try:
         cfg = load_config(config, extra)
+        if hosts is None:  # on a cluster the trainer's host checks its own devices
+            from grpo_stream.training.device import trainer_preflight
+
+            trainer_preflight(cfg)
     except ConfigError as exc:
         fail(str(exc))
     rd = Path(cfg.run.run_dir)

@@ -36,6 +36,7 @@ from grpo_stream.training.checkpoint import (
     set_rng_state,
 )
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
+from grpo_stream.training.precision import Precision
 
 log = structlog.get_logger()
 
@@ -65,19 +66,29 @@ class TrainState:
     world_size: int = 1
     rank: int = 0
     fault_fired: bool = False
+    device: str = "cpu"  # where the policy, reference, optimizer state and batches live
+    precision: Precision = field(default_factory=lambda: Precision("fp32", "cpu"))
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
-        from grpo_stream.models.loading import load_policy, load_tokenizer
+        from grpo_stream.models.loading import load_policy, load_tokenizer, prepare_training
+        from grpo_stream.training.device import process_group_backend, resolve
 
         torch.manual_seed(cfg.run.seed)
-        rank, world = init_distributed()
+        device, mode = resolve(cfg, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)
+        rank, world = init_distributed(process_group_backend(device))
         sharded = world > 1 and cfg.trainer.parallel == "fsdp2"
         source = cfg.model.name_or_path
         ckpt = latest_checkpoint(Path(cfg.run.run_dir)) if resume else None
+        # the policy's master weights are float32 in every precision mode unless a dtype is
+        # set explicitly ("auto" would mean bfloat16 weights on a GPU)
+        dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
         model = load_policy(
-            str(ckpt) if ckpt else source, dtype=cfg.model.dtype, device="cpu", trainable=True
+            str(ckpt) if ckpt else source, dtype=dtype, device=device, trainable=True
         )
+        prepare_training(model, cfg.trainer.dropout, cfg.trainer.gradient_checkpointing)
         if sharded:
             from grpo_stream.training.fsdp import shard_model
 
@@ -85,7 +96,7 @@ class TrainState:
         tokenizer = load_tokenizer(source)
         ref = None
         if cfg.algo.loss.beta > 0:
-            ref = load_policy(source, dtype=cfg.model.dtype, device="cpu", trainable=False)
+            ref = load_policy(source, dtype=cfg.model.dtype, device=device, trainable=False)
         t = cfg.trainer
         optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         warm = t.warmup_steps
@@ -98,13 +109,18 @@ class TrainState:
         guard = RollbackGuard(cfg.algo.rollback)
         state = cls(cfg, model, tokenizer, ref, optimizer, scheduler, regularizer, guard)
         state.world_size, state.rank, state.fsdp = world, rank, sharded
+        state.device, state.precision = device, Precision(mode, device)
+        log.info("trainer.device", device=device, precision=mode, world=world)
         if ckpt is not None:
             state._load(ckpt)
         if world > 1 and not sharded:
             from torch.nn.parallel import DistributedDataParallel
 
             # DDP all-reduces gradient buckets asynchronously while backward still runs.
-            state.ddp = DistributedDataParallel(model, bucket_cap_mb=t.ddp_bucket_mb)
+            ids = [torch.device(device).index] if device.startswith("cuda") else None
+            state.ddp = DistributedDataParallel(
+                model, device_ids=ids, bucket_cap_mb=t.ddp_bucket_mb
+            )
         state.guard.snapshot(model, optimizer, state.regularizer, state.step)
         return state
 
@@ -183,13 +199,16 @@ class TrainState:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer.zero_grad(set_to_none=True)
         loss, metrics = self._forward_backward(tensors, batch)
+        if not self.precision.unscale(self.optimizer, params):  # fp16 overflow: skip, no rollback
+            self.precision.skip()
+            return StepResult(False, {"overflow_skips": self.precision.overflow_skips})
         if not self.guard.check(loss, params):
             self.guard.rollback(
                 self.model, self.optimizer, self.regularizer, self.step, self.guard.last_cause or ""
             )
             return StepResult(applied=False)
         reg = self.regularizer.apply(params)
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         self.scheduler.step()
         for group in self.optimizer.param_groups:  # keep rollback's lr reductions
             group["lr"] *= self.guard.lr_scale
@@ -205,6 +224,7 @@ class TrainState:
             reg_fired_frac=reg.fired_frac,
             lr=float(self.optimizer.param_groups[0]["lr"]),
             rollbacks=self.guard.total,
+            overflow_skips=self.precision.overflow_skips,
         )
         return StepResult(applied=True, metrics=metrics)
 
@@ -229,7 +249,7 @@ class TrainState:
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Accumulate gradients over micro-batches; returns the full-batch loss and metrics."""
         totals = self._totals(t, batch)
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device)
         sums: dict[str, float] = {}
         parts = self._micro_batches(t)
         for i in range(self._passes(len(parts))):
@@ -242,11 +262,12 @@ class TrainState:
                 else contextlib.nullcontext()
             )
             with sync:
-                loss, m = self._micro_loss(part, totals, first=i == 0)
+                with self.precision.autocast():  # log-probs and loss stay float32 inside
+                    loss, m = self._micro_loss(part, totals, first=i == 0)
                 if i >= len(parts):  # FSDP2 filler pass (see _passes): no gradient, no metrics
-                    (loss * 0.0).backward()  # type: ignore[no-untyped-call]
+                    self.precision.backward(loss * 0.0)
                     continue
-                loss.backward()  # type: ignore[no-untyped-call]
+                self.precision.backward(loss)
             total = total + loss.detach()
             weight = float(m.get("num_tokens", 0.0))
             for k, v in m.items():
@@ -261,9 +282,9 @@ class TrainState:
         """The step's token-budget micro-batches, packed or padded (training/packing.py)."""
         s = self.cfg.trainer
         impl = str(self.model.config._attn_implementation)
-        return micro_batches(
-            t, s.micro_batch_tokens, s.micro_batch, s.packing, impl, self._pad_id()
-        )
+        pad = self._pad_id()
+        parts = micro_batches(t, s.micro_batch_tokens, s.micro_batch, s.packing, impl, pad)
+        return [part.to(self.device) for part in parts]
 
     def _passes(self, micro_batches: int) -> int:
         """Passes this rank runs. Under FSDP2 each is collective (all-gathers, and a gradient
@@ -316,11 +337,12 @@ class TrainState:
         return ref
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world size) from torchrun's environment; joins the process group if > 1."""
+def init_distributed(backend: str = "gloo") -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment; joins the process group if > 1
+    (NCCL when the ranks' tensors are on GPUs, gloo on the CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     dist = torch.distributed
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend)
     return rank, world
