@@ -37,6 +37,7 @@ from grpo_stream.training.checkpoint import (
 )
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
 from grpo_stream.training.precision import Precision
+from grpo_stream.training.staging import HostStaging
 
 log = structlog.get_logger()
 
@@ -68,6 +69,7 @@ class TrainState:
     fault_fired: bool = False
     device: str = "cpu"  # where the policy, reference, optimizer state and batches live
     precision: Precision = field(default_factory=lambda: Precision("fp32", "cpu"))
+    staging: HostStaging | None = None  # pinned device -> host buffer for publishing (GPU)
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
@@ -110,6 +112,8 @@ class TrainState:
         state = cls(cfg, model, tokenizer, ref, optimizer, scheduler, regularizer, guard)
         state.world_size, state.rank, state.fsdp = world, rank, sharded
         state.device, state.precision = device, Precision(mode, device)
+        if device.startswith("cuda"):
+            state.staging = HostStaging(pin=True)
         log.info("trainer.device", device=device, precision=mode, world=world)
         if ckpt is not None:
             state._load(ckpt)
@@ -188,7 +192,8 @@ class TrainState:
             from grpo_stream.training.fsdp import full_model_state
 
             return iter(full_model_state(self.model).items())
-        return iter(self.model.state_dict().items())
+        weights = self.model.state_dict().items()
+        return iter(weights) if self.staging is None else self.staging.stage(weights)
 
     # ----- the update -------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> StepResult:
