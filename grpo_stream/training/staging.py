@@ -98,6 +98,6 @@ class HostStaging:
             on_gpu = on_gpu or t.is_cuda
         if not (self.pin and on_gpu):
             return None
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record()
         return event
