@@ -74,6 +74,10 @@ def up(
     try:
         check_config_file(config)
         cfg = load_config(config, (launch.config_overrides(hosts) if hosts else []) + extra)
+        if hosts is None:  # on a cluster the trainer's host checks its own devices
+            from grpo_stream.training.device import trainer_preflight
+
+            trainer_preflight(cfg)
     except (ConfigError, PreflightError) as exc:
         fail(str(exc))
     if check:

@@ -4,7 +4,9 @@ Invariants: the tiny model and real models take the same path (`from_pretrained`
 directory or hub name), so what works on the tiny model works on a real one; tokenizers come
 back left-padded with a pad token (batched generation needs both); "auto" dtype means
 bfloat16 on GPUs and float32 on the CPU. transformers is imported inside functions so that
-the CLI stays light.
+the CLI stays light. A trainable policy is in train mode (activation checkpointing only runs
+there) with its dropout off unless asked (`prepare_training`): its log-probs are those of the
+deterministic policy that generators sample.
 """
 
 from __future__ import annotations
@@ -88,3 +90,45 @@ def load_policy(
         model.eval()
         model.requires_grad_(False)
     return model
+
+
+def disable_dropout(model: Any) -> None:
+    """Zero every dropout probability (torch Dropout modules and the attention dropout of
+    transformers' attention modules) while the model stays in train mode."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(vars(module).get("attention_dropout"), float):
+            module.attention_dropout = 0.0
+
+
+def supports_checkpointing(model: Any) -> bool:
+    """Whether transformers can checkpoint this model's layers."""
+    return bool(model.supports_gradient_checkpointing)
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing of every decoder layer, non-reentrant (transformers'
+    `activation_checkpointing_enable`, `gradient_checkpointing_enable` before 5.x)."""
+    if not supports_checkpointing(model):
+        raise ValueError(
+            f"trainer.gradient_checkpointing: {type(model).__name__} does not support "
+            "activation checkpointing; set trainer.gradient_checkpointing=false"
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def prepare_training(model: Any, dropout: bool, checkpointing: bool) -> None:
+    """The trainable policy's forward: train mode, dropout off unless `dropout`, layers
+    checkpointed when `checkpointing`."""
+    model.train()
+    if not dropout:
+        disable_dropout(model)
+    if checkpointing:
+        enable_checkpointing(model)

@@ -42,6 +42,8 @@ from grpo_stream.training.checkpoint import (
 from grpo_stream.training.lora import LoraPolicy
 from grpo_stream.training.offpolicy import OffPolicyMeter, proximal_logprobs
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
+from grpo_stream.training.precision import Precision
+from grpo_stream.training.staging import HostStaging
 
 log = structlog.get_logger()
 
@@ -74,23 +76,34 @@ class TrainState:
     fault_fired: bool = False
     lora: LoraPolicy | None = None  # with trainer.lora.enabled (the model is then peft's)
     meter: OffPolicyMeter = field(default_factory=OffPolicyMeter)  # this step's IS metrics
+    device: str = "cpu"  # where the policy, reference, optimizer state and batches live
+    precision: Precision = field(default_factory=lambda: Precision("fp32", "cpu"))
+    staging: HostStaging | None = None  # pinned device -> host buffer for publishing (GPU)
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
-        from grpo_stream.models.loading import load_policy, load_tokenizer
+        from grpo_stream.models.loading import load_policy, load_tokenizer, prepare_training
+        from grpo_stream.training.device import process_group_backend, resolve
 
         torch.manual_seed(cfg.run.seed)
-        rank, world = init_distributed()
+        device, mode = resolve(cfg, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)
+        rank, world = init_distributed(process_group_backend(device))
         sharded = world > 1 and cfg.trainer.parallel == "fsdp2"
         source = cfg.model.name_or_path
         ckpt = latest_checkpoint(Path(cfg.run.run_dir)) if resume else None
         lora_on = cfg.trainer.lora.enabled  # LoRA: the base from source, the adapter from ckpt
+        # the policy's master weights are float32 in every precision mode unless a dtype is
+        # set explicitly ("auto" would mean bfloat16 weights on a GPU)
+        dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
         model = load_policy(
             str(ckpt) if ckpt and not lora_on else source,
-            dtype=cfg.model.dtype,
-            device="cpu",
+            dtype=dtype,
+            device=device,
             trainable=True,
         )
+        prepare_training(model, cfg.trainer.dropout, cfg.trainer.gradient_checkpointing)
         lora = None
         if lora_on:
             from grpo_stream.training.lora import wrap_policy
@@ -108,7 +121,7 @@ class TrainState:
             ref = AdapterDisabled(model)  # the base with the adapter off: no second copy
             log.info("lora.reference_shared", saved_mb=round(ref.saved_bytes / 2**20, 1))
         elif cfg.algo.loss.beta > 0:
-            ref = load_policy(source, dtype=cfg.model.dtype, device="cpu", trainable=False)
+            ref = load_policy(source, dtype=cfg.model.dtype, device=device, trainable=False)
         t = cfg.trainer
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
         optimizer = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay)
@@ -122,13 +135,20 @@ class TrainState:
         guard = RollbackGuard(cfg.algo.rollback)
         state = cls(cfg, model, tokenizer, ref, optimizer, scheduler, regularizer, guard)
         state.world_size, state.rank, state.fsdp, state.lora = world, rank, sharded, lora
+        state.device, state.precision = device, Precision(mode, device)
+        if device.startswith("cuda"):
+            state.staging = HostStaging(pin=True)
+        log.info("trainer.device", device=device, precision=mode, world=world)
         if ckpt is not None:
             state._load(ckpt)
         if world > 1 and not sharded:
             from torch.nn.parallel import DistributedDataParallel
 
             # DDP all-reduces gradient buckets asynchronously while backward still runs.
-            state.ddp = DistributedDataParallel(model, bucket_cap_mb=t.ddp_bucket_mb)
+            ids = [torch.device(device).index] if device.startswith("cuda") else None
+            state.ddp = DistributedDataParallel(
+                model, device_ids=ids, bucket_cap_mb=t.ddp_bucket_mb
+            )
         state.guard.snapshot(model, optimizer, state.regularizer, state.step, scheduler)
         return state
 
@@ -201,8 +221,10 @@ class TrainState:
 
             return iter(full_model_state(self.model).items())
         if self.lora is not None:
-            return self.lora.named_weights(self.model)  # the adapter and its manifest only
-        return iter(self.model.state_dict().items())
+            weights = self.lora.named_weights(self.model)  # the adapter and its manifest only
+        else:
+            weights = iter(self.model.state_dict().items())
+        return weights if self.staging is None else self.staging.stage(weights)
 
     # ----- the update -------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> StepResult:
@@ -214,12 +236,15 @@ class TrainState:
         self.optimizer.zero_grad(set_to_none=True)
         self.meter = OffPolicyMeter(self.cfg.algo.loss.is_cap)
         loss, metrics = self._forward_backward(tensors, batch)
+        if not self.precision.unscale(self.optimizer, params):  # fp16 overflow: skip, no rollback
+            self.precision.skip()
+            return StepResult(False, {"overflow_skips": self.precision.overflow_skips})
         if not self.guard.check(loss, params):
             return self._rollback(self.guard.last_cause or "")
         reg = self.regularizer.apply(params)
         if reg.skip is not None:
             return self._rollback(reg.skip, grad_norm=reg.norm_before, tau=reg.tau)
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         self.scheduler.step()
         for group in self.optimizer.param_groups:  # keep rollback's lr reductions
             group["lr"] *= self.guard.lr_scale
@@ -240,6 +265,7 @@ class TrainState:
             lr=float(self.optimizer.param_groups[0]["lr"]),
             rollbacks=self.guard.total,
             explosions=self.guard.explosions,
+            overflow_skips=self.precision.overflow_skips,
         )
         return StepResult(applied=True, metrics=metrics)
 
@@ -277,7 +303,7 @@ class TrainState:
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Accumulate gradients over micro-batches; returns the full-batch loss and metrics."""
         totals = self._totals(t, batch)
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device)
         sums: dict[str, float] = {}
         parts = self._micro_batches(t)
         for i in range(self._passes(len(parts))):
@@ -290,11 +316,12 @@ class TrainState:
                 else contextlib.nullcontext()
             )
             with sync:
-                loss, m = self._micro_loss(part, totals, first=i == 0)
+                with self.precision.autocast():  # log-probs and loss stay float32 inside
+                    loss, m = self._micro_loss(part, totals, first=i == 0)
                 if i >= len(parts):  # FSDP2 filler pass (see _passes): no gradient, no metrics
-                    (loss * 0.0).backward()  # type: ignore[no-untyped-call]
+                    self.precision.backward(loss * 0.0)
                     continue
-                loss.backward()  # type: ignore[no-untyped-call]
+                self.precision.backward(loss)
             total = total + loss.detach()
             weight = float(m.get("num_tokens", 0.0))
             for k, v in m.items():
@@ -309,9 +336,9 @@ class TrainState:
         """The step's token-budget micro-batches, packed or padded (training/packing.py)."""
         s = self.cfg.trainer
         impl = str(self.model.config._attn_implementation)
-        return micro_batches(
-            t, s.micro_batch_tokens, s.micro_batch, s.packing, impl, self._pad_id()
-        )
+        pad = self._pad_id()
+        parts = micro_batches(t, s.micro_batch_tokens, s.micro_batch, s.packing, impl, pad)
+        return [part.to(self.device) for part in parts]
 
     def _passes(self, micro_batches: int) -> int:
         """Passes this rank runs. Under FSDP2 each is collective (all-gathers, and a gradient
@@ -370,11 +397,12 @@ class TrainState:
         return ref
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world size) from torchrun's environment; joins the process group if > 1."""
+def init_distributed(backend: str = "gloo") -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment; joins the process group if > 1
+    (NCCL when the ranks' tensors are on GPUs, gloo on the CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     dist = torch.distributed
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend)
     return rank, world

@@ -1,0 +1,239 @@
+"""Trainer step throughput, packed vs padded micro-batches, and activation memory with and
+without activation checkpointing, on the 10x model (CPU).
+
+The model: bench.vs_trl's 10x Qwen2 (the tiny model's tokenizer, hidden and heads x2, layers
+x2.5; randomly initialised, no warm start: the point is speed), loaded in fp32.
+The batches: --sequences sequences (16 groups of 8 by default: 128) with prompts of 8..24
+tokens and completion lengths drawn log-normal (median --median, sigma --sigma) clipped to
+--min-len..--max-len (defaults 64, 1.0, 16..512: most completions are short, a few long).
+Both sides train the same batches, one after the other step by step (so load changes on the
+machine hit both alike), with the same token budget trainer.micro_batch_tokens and threads:
+- padded: one sequence per row, right-padded (trainer.packing = false);
+- packed: sequences first-fit into rows (trainer.packing = true).
+tokens/s counts real tokens (prompt + completion), never padding; a warm-up step on a small
+batch first.
+
+Memory: two child processes (checkpointing off / on), each trains one warm-up step on a
+small batch (so the optimizer state exists), then the measured batch while a thread samples
+its RSS every 5 ms; activation memory = peak RSS during the step - RSS before it.
+
+Run: flock /tmp/grpo-bench.lock python -m bench.trainer_tokens [--steps 2] [--threads 2]
+Last line: `ratio packed/padded tokens/s: R`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS_DIR, TINY_MODEL, environment, save_json
+
+GROUP = 8
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.trainer_tokens", description=__doc__)
+    p.add_argument("--sequences", type=int, default=128, help="sequences per step (x8)")
+    p.add_argument("--min-len", type=int, default=16)
+    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--median", type=float, default=64.0, help="log-normal median length")
+    p.add_argument("--sigma", type=float, default=1.0, help="log-normal sigma")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per side")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (both sides)")
+    p.add_argument("--micro-batch-tokens", type=int, default=4096)
+    p.add_argument("--no-memory", action="store_true", help="skip the checkpointing part")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--child-memory", default=None, help=argparse.SUPPRESS)  # model path
+    p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def make_batch(args: argparse.Namespace, seed: int, sequences: int) -> Any:
+    """One TrainBatch of `sequences` completions with log-normal lengths (see above)."""
+    import numpy as np
+
+    from grpo_stream.hub.batches import build_batch
+    from grpo_stream.hub.replay import Group
+
+    rng = np.random.default_rng(seed)
+    groups = []
+    for gid in range(max(1, sequences // GROUP)):
+        raw = rng.lognormal(np.log(args.median), args.sigma, size=GROUP)
+        lengths = np.clip(raw.astype(np.int64), args.min_len, args.max_len)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        rewards = rng.random(GROUP).astype(np.float32)
+        adv = ((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32)
+        total = int(offsets[-1])
+        groups.append(
+            Group(
+                group_id=gid,
+                policy_version=0,
+                prompt_ids=rng.integers(3, 250, size=int(rng.integers(8, 25))).astype(np.int32),
+                completion_ids=rng.integers(3, 250, size=total).astype(np.int32),
+                completion_offsets=offsets,
+                logprobs=(-rng.random(total) - 3.0).astype(np.float32),
+                rewards=rewards,
+                advantages=adv,
+                valid=np.ones(GROUP, dtype=bool),
+            )
+        )
+    return build_batch(1, groups, 0, {})
+
+
+def make_state(args: argparse.Namespace, model: str, run_dir: Path, *extra: str) -> Any:
+    from grpo_stream.config import load_config
+    from grpo_stream.training.state import TrainState
+
+    overrides = [
+        f"run.run_dir={json.dumps(str(run_dir))}",
+        f"model.name_or_path={json.dumps(model)}",
+        f"generator.max_tokens={args.max_len}",
+        f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
+        "trainer.micro_batch=4096",  # only the token budget bounds a micro-batch
+        'trainer.device="cpu"',
+        *extra,
+    ]
+    return TrainState.create(load_config(None, overrides))
+
+
+def batch_tokens(batch: Any) -> int:
+    return len(batch.input_ids)
+
+
+def throughput(args: argparse.Namespace, model: str, tmp: Path) -> dict[str, Any]:
+    """Both sides, step by step on the same batches: seconds per step and tokens/s."""
+    from grpo_stream.training.batch import to_tensors
+
+    sides = {
+        "padded": make_state(args, model, tmp / "padded", "trainer.packing=false"),
+        "packed": make_state(args, model, tmp / "packed", "trainer.packing=true"),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    tokens = 0
+    for step in range(args.steps + 1):  # step 0 warms up, on a small batch
+        batch = make_batch(args, args.seed + step, args.sequences if step else GROUP)
+        for name, state in sides.items():
+            t0 = time.perf_counter()
+            if not state.train_step(batch).applied:
+                raise SystemExit(f"{name}: step {step} was not applied")
+            if step:
+                seconds[name].append(time.perf_counter() - t0)
+        if step:
+            tokens += batch_tokens(batch)
+    out: dict[str, Any] = {"tokens": tokens}
+    for name, state in sides.items():
+        parts = state._micro_batches(to_tensors(batch, state._pad_id()))
+        slots = sum(p.forward_shape[0] * p.forward_shape[1] for p in parts)
+        out[name] = {
+            "step_s": [round(s, 3) for s in seconds[name]],
+            "tokens_per_s": tokens / sum(seconds[name]),
+            "micro_batches_last_step": len(parts),
+            "token_slots_last_step": slots,
+        }
+    out["padding_fraction"] = {
+        name: 1 - batch_tokens(batch) / out[name]["token_slots_last_step"] for name in sides
+    }
+    return out
+
+
+def child_memory(args: argparse.Namespace) -> None:
+    """One process: activation memory (MB) and seconds of one step; prints JSON."""
+    import psutil
+    import torch
+
+    torch.set_num_threads(args.threads)
+    extra = ["trainer.gradient_checkpointing=true"] if args.checkpointing else []
+    with tempfile.TemporaryDirectory() as tmp:
+        state = make_state(args, args.child_memory, Path(tmp), *extra)
+        state.train_step(make_batch(args, 99, GROUP))  # optimizer state exists from here on
+        proc = psutil.Process()
+        base = proc.memory_info().rss
+        peak = [base]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], proc.memory_info().rss)
+                time.sleep(0.005)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t0 = time.perf_counter()
+        state.train_step(make_batch(args, args.seed, args.sequences))
+        seconds = time.perf_counter() - t0
+        done.set()
+        sampler.join()
+    print(json.dumps({"activation_mb": (peak[0] - base) / 2**20, "step_s": seconds}))
+
+
+def memory(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, flag in (("plain", []), ("checkpointed", ["--checkpointing"])):
+        cmd = [sys.executable, "-m", "bench.trainer_tokens", "--child-memory", model, *flag]
+        cmd += ["--threads", str(args.threads), "--sequences", str(args.sequences)]
+        cmd += ["--max-len", str(args.max_len), "--min-len", str(args.min_len)]
+        cmd += ["--median", str(args.median), "--sigma", str(args.sigma)]
+        cmd += ["--micro-batch-tokens", str(args.micro_batch_tokens), "--seed", str(args.seed)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"memory child ({name}) failed: {done.stderr[-2000:]}")
+        out[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    plain, ckpt = out["plain"], out["checkpointed"]
+    out["activation_reduction"] = 1 - ckpt["activation_mb"] / plain["activation_mb"]
+    out["time_cost"] = ckpt["step_s"] / plain["step_s"] - 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.child_memory is not None:
+        child_memory(args)
+        return
+    import torch
+
+    from bench.vs_trl import build_10x
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        info = build_10x(TINY_MODEL, Path(tmp) / "model-10x", args.seed, sft_steps=0)
+        print(f"10x model: {info['parameters']} parameters", flush=True)
+        result = throughput(args, info["path"], Path(tmp))
+        mem = None if args.no_memory else memory(args, info["path"])
+    pad, pack = result["padded"], result["packed"]
+    ratio = pack["tokens_per_s"] / pad["tokens_per_s"]
+    print(f"{'side':8} {'tokens/s':>10} {'step s':>16} {'micro-batches':>14} {'padding':>8}")
+    for name in ("padded", "packed"):
+        r = result[name]
+        print(
+            f"{name:8} {r['tokens_per_s']:10.1f} {r['step_s']!s:>16} "
+            f"{r['micro_batches_last_step']:14d} {result['padding_fraction'][name]:8.1%}"
+        )
+    if mem is not None:
+        print(
+            f"activation memory (packed, one step): plain {mem['plain']['activation_mb']:.0f} MB"
+            f" / checkpointed {mem['checkpointed']['activation_mb']:.0f} MB: "
+            f"{mem['activation_reduction']:.0%} lower, step time {mem['time_cost']:+.0%}"
+        )
+    save_json(
+        RESULTS_DIR / "trainer_tokens.json",
+        {
+            "args": vars(args),
+            "model": info,
+            "throughput": result,
+            "memory": mem,
+            "ratio": ratio,
+            "environment": environment(),
+        },
+    )
+    print(f"ratio packed/padded tokens/s: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
