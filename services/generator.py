@@ -226,8 +226,9 @@ def run_generator(
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
     engine = make_engine(
-        cfg.generator.engine, cfg.model, cfg.generator, cfg.transport, link.security
-    )
+        cfg.generator.engine, cfg.model, cfg.generator, cfg.transport, link.security,
+        weights=cfg.weights,
+    )  # fmt: skip
     log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
     try:
         Generator(link, engine, stop, throttle=max(throttle, cfg.generator.throttle)).serve()

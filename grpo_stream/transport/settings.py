@@ -76,5 +76,7 @@ class WeightsSettings(BaseModel):
     fanout: int = Field(4, ge=1, le=1024)
     """Children per node of the relay tree: the server streams each version to at most this many
     fetchers at once per base version, each relay to at most this many."""
+    relay_bind: str = "tcp://127.0.0.1:0"
+    """Where a relaying generator binds (port 0: a free one); other generators must reach it."""
     relay_stall_s: float = Field(5.0, gt=0)
     """A relay that sends nothing for this long is given up; the fetcher re-fetches direct."""
