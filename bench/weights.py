@@ -147,9 +147,9 @@ def run_receiver(args: argparse.Namespace) -> None:
 
     from grpo_stream.transport.fetch import Replica, WeightsWatcher
     from grpo_stream.transport.relay import Relay
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+    from grpo_stream.transport.settings import SecuritySettings
 
-    transport, security = TransportSettings(), SecuritySettings()
+    transport, security = _transport(args), SecuritySettings()
     weights = _weights_settings(args)
     target: SyntheticTarget | ModelTarget
     if args.kind == "synthetic":
@@ -158,7 +158,9 @@ def run_receiver(args: argparse.Namespace) -> None:
         target = ModelTarget(args.model)
     ctx: zmq.Context[Any] = zmq.Context()
     watcher = WeightsWatcher(ctx, args.announce, transport, security)
-    relay = Relay(ctx, "tcp://127.0.0.1:0", transport, security) if args.relay else None
+    relay = None
+    if args.relay:
+        relay = Relay(ctx, "tcp://127.0.0.1:0", transport, security, weights.relay_stall_s)
     replica = Replica()
     report = ctx.socket(zmq.PUSH)
     report.setsockopt(zmq.LINGER, 5000)  # the last report must reach the benchmark before exit
@@ -219,10 +221,17 @@ def _shapes(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
     )
 
 
+def _transport(args: argparse.Namespace) -> Any:
+    from grpo_stream.transport.settings import TransportSettings
+
+    return TransportSettings(weights_chunk_bytes=args.chunk_mib << 20)
+
+
 def _weights_settings(args: argparse.Namespace) -> Any:
     from grpo_stream.transport.settings import WeightsSettings
 
-    return WeightsSettings(deltas=False, relay=args.relay, fanout=args.fanout)
+    # a loaded 2-core machine runs 16 receivers: give a relay's first chunk time to arrive
+    return WeightsSettings(deltas=False, relay=args.relay, fanout=args.fanout, relay_stall_s=30)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -277,6 +286,8 @@ def start_receivers(
             *("--hidden", str(args.hidden), "--intermediate", str(args.intermediate)),
             *("--vocab", str(args.vocab), "--fanout", str(args.fanout)),
             *(["--relay"] if args.relay else []),
+            "--chunk-mib",
+            str(args.chunk_mib),
             *("--index", str(index), "--report", report),
             *("--announce", addresses["announce"], "--weights", addresses["weights"]),
         ]
@@ -345,7 +356,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import zmq
 
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+    from grpo_stream.transport.settings import SecuritySettings
     from grpo_stream.transport.weights import WeightServer
 
     torch.set_num_threads(1)
@@ -357,7 +368,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     pull.setsockopt(zmq.LINGER, 0)  # reports left unread at the end are of no use
     report = f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}"
     server = WeightServer(
-        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", TransportSettings(), SecuritySettings(),
+        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", _transport(args), SecuritySettings(),
         _weights_settings(args),
     )  # fmt: skip
     procs = start_receivers(args, n, server.addresses, report)
@@ -423,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--delta-steps", type=int, default=1, help="AdamW steps per learning rate")
     add("--delta-lrs", default="1e-6,1e-5", help="learning rates of the delta phase")
     add("--compare-runs", action="store_true", help="delta: also size index+value runs")
+    add("--chunk-mib", type=int, default=8, help="transport.weights_chunk_bytes in MiB")
     add("--max-gib", type=float, default=6.0, help="memory budget of the whole benchmark")
     add("--relay", action="store_true", help="internal: receivers relay (weights.relay)")
     add("--verbose", action="store_true", help="print every receiver of every round")
