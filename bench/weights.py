@@ -184,6 +184,8 @@ def run_receiver(args: argparse.Namespace) -> None:
                 {"index": args.index, "version": got, "probe": value, "t_seen": t_seen,
                  "t_fetched": t_fetched, "t_applied": t_applied}
             )  # fmt: skip
+        while relay is not None:  # keep relaying to late children until the benchmark ends us
+            time.sleep(0.5)
     finally:
         if relay is not None:
             relay.close()
@@ -381,6 +383,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             rounds.append(timed_round(server, source, pull, n, version))
             rounds[-1]["trainer_sent_bytes"] = server.sent_bytes - sent
         for proc in procs:
+            if args.relay:
+                proc.terminate()  # relays serve until the last child has its version
             proc.wait(timeout=60)
     finally:
         for proc in procs:
