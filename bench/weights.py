@@ -102,29 +102,28 @@ def probe(tensors: list[torch.Tensor]) -> float:
 
 
 class SyntheticTarget:
-    """Preallocated tensors that a received version is copied into."""
+    """Preallocated arrays (the wire dtype) that a received version is copied into."""
 
-    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> None:
-        import torch
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], dtype: str) -> None:
+        import numpy as np
 
-        self.tensors = {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes}
+        from grpo_stream.protocols.codec import wire_dtypes
+
+        wire = wire_dtypes()["bfloat16" if dtype == "bf16" else "float32"]
+        self.arrays = {name: np.zeros(shape, dtype=wire) for name, shape in shapes}
 
     def apply(self, named: list[tuple[str, Any]], version: int) -> float:
         """Check names and shapes of the whole version, then copy; returns the probe."""
-        import torch
+        import numpy as np
 
-        from grpo_stream.engines.base import to_torch
-
-        items = [(name, to_torch(arr)) for name, arr in named]
-        if {n for n, _ in items} != set(self.tensors):
+        if {n for n, _ in named} != set(self.arrays):
             raise ValueError(f"version {version}: names differ from the preallocated set")
-        for name, src in items:
-            if tuple(src.shape) != tuple(self.tensors[name].shape):
+        for name, src in named:
+            if tuple(src.shape) != self.arrays[name].shape:
                 raise ValueError(f"version {version}: {name} has shape {tuple(src.shape)}")
-        with torch.no_grad():
-            for name, src in items:
-                self.tensors[name].copy_(src)
-        return probe(list(self.tensors.values()))
+        for name, src in named:
+            np.copyto(self.arrays[name], src)
+        return float(sum(float(a.reshape(-1)[0]) for a in self.arrays.values() if a.size))
 
 
 class ModelTarget:
@@ -144,21 +143,25 @@ class ModelTarget:
 
 def run_receiver(args: argparse.Namespace) -> None:
     """Follow announcements; fetch, apply and report each new version until the last."""
-    import torch
     import zmq
 
-    from grpo_stream.transport.fetch import WeightsWatcher, fetch_weights
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+    from grpo_stream.transport.fetch import Replica, WeightsWatcher
+    from grpo_stream.transport.relay import Relay
+    from grpo_stream.transport.settings import SecuritySettings
 
-    torch.set_num_threads(1)
-    transport, security = TransportSettings(), SecuritySettings()
+    transport, security = _transport(args), SecuritySettings()
+    weights = _weights_settings(args)
     target: SyntheticTarget | ModelTarget
     if args.kind == "synthetic":
-        target = SyntheticTarget(qwen2_like_shapes(layers=args.layers), _dtype(args.dtype))
+        target = SyntheticTarget(_shapes(args), args.dtype)
     else:
         target = ModelTarget(args.model)
     ctx: zmq.Context[Any] = zmq.Context()
     watcher = WeightsWatcher(ctx, args.announce, transport, security)
+    relay = None
+    if args.relay:
+        relay = Relay(ctx, "tcp://127.0.0.1:0", transport, security, weights.relay_stall_s)
+    replica = Replica()
     report = ctx.socket(zmq.PUSH)
     report.setsockopt(zmq.LINGER, 5000)  # the last report must reach the benchmark before exit
     report.connect(args.report)
@@ -170,16 +173,22 @@ def run_receiver(args: argparse.Namespace) -> None:
             if version is None or version == applied:
                 continue
             t_seen = time.time()
-            got, named = fetch_weights(ctx, args.weights, transport, security, version=version)
+            got = replica.fetch(
+                ctx, args.weights, transport, security, version, weights=weights, relay=relay
+            )
             t_fetched = time.time()
-            value = target.apply(named, got)
+            value = target.apply(replica.named(), got)
             t_applied = time.time()
             applied, idle_since = got, time.monotonic()
             report.send_json(
                 {"index": args.index, "version": got, "probe": value, "t_seen": t_seen,
                  "t_fetched": t_fetched, "t_applied": t_applied}
             )  # fmt: skip
+        while relay is not None:  # keep relaying to late children until the benchmark ends us
+            time.sleep(0.5)
     finally:
+        if relay is not None:
+            relay.close()
         watcher.close()
         report.close()
         ctx.term()
@@ -208,6 +217,25 @@ class Source:
         return int(sum(t.numel() * t.element_size() for t in self.unique))
 
 
+def _shapes(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
+    return qwen2_like_shapes(
+        layers=args.layers, hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab
+    )
+
+
+def _transport(args: argparse.Namespace) -> Any:
+    from grpo_stream.transport.settings import TransportSettings
+
+    return TransportSettings(weights_chunk_bytes=args.chunk_mib << 20)
+
+
+def _weights_settings(args: argparse.Namespace) -> Any:
+    from grpo_stream.transport.settings import WeightsSettings
+
+    # a loaded 2-core machine runs 16 receivers: give a relay's first chunk time to arrive
+    return WeightsSettings(deltas=False, relay=args.relay, fanout=args.fanout, relay_stall_s=30)
+
+
 def _dtype(name: str) -> torch.dtype:
     import torch
 
@@ -219,8 +247,7 @@ def make_source(args: argparse.Namespace) -> Source:
 
     if args.kind == "synthetic":
         tensors = [
-            (name, torch.empty(shape, dtype=_dtype(args.dtype)))
-            for name, shape in qwen2_like_shapes(layers=args.layers)
+            (name, torch.empty(shape, dtype=_dtype(args.dtype))) for name, shape in _shapes(args)
         ]
         return Source(tensors, [t for _, t in tensors])
     from grpo_stream.models.loading import load_policy
@@ -231,19 +258,21 @@ def make_source(args: argparse.Namespace) -> Source:
 
 
 def check_memory(args: argparse.Namespace, nbytes: int) -> int:
-    """Receivers that fit: the trainer holds ~3 copies, each receiver ~2 (target + received)."""
+    """Receivers that fit: the trainer holds ~3 copies, each receiver ~3 (target, replica,
+    staging) and ~80 MiB of interpreter."""
     import psutil
 
     available = psutil.virtual_memory().available
-    spare = available - 3 * nbytes - (1 << 30)  # keep 1 GiB for everyone else
-    fits = max(0, int(spare // (2 * nbytes + (300 << 20))))
+    spare = min(available - (1 << 30), args.max_gib * GIB) - 3 * nbytes
+    fits = max(0, int(spare // (3 * nbytes + (80 << 20))))
     if fits < args.receivers:
         print(
-            f"memory: {available / GIB:.1f} GiB available, each receiver needs about "
-            f"{2 * nbytes / GIB:.2f} GiB: running {fits} receivers instead of {args.receivers}"
+            f"memory: {available / GIB:.1f} GiB available, --max-gib {args.max_gib}: each "
+            f"receiver needs about {3 * nbytes / GIB:.2f} GiB: running {fits} receivers "
+            f"instead of {args.receivers}"
         )
     if fits < 1:
-        raise SystemExit("not enough free memory for one receiver; try --layers or --dtype bf16")
+        raise SystemExit("not enough memory for one receiver; try --layers or --max-gib")
     return min(fits, int(args.receivers))
 
 
@@ -256,6 +285,11 @@ def start_receivers(
             *(sys.executable, "-m", "bench.weights", "--role", "receiver"),
             *("--kind", args.kind, "--model", args.model, "--dtype", args.dtype),
             *("--layers", str(args.layers), "--rounds", str(args.rounds)),
+            *("--hidden", str(args.hidden), "--intermediate", str(args.intermediate)),
+            *("--vocab", str(args.vocab), "--fanout", str(args.fanout)),
+            *(["--relay"] if args.relay else []),
+            "--chunk-mib",
+            str(args.chunk_mib),
             *("--index", str(index), "--report", report),
             *("--announce", addresses["announce"], "--weights", addresses["weights"]),
         ]
@@ -306,6 +340,7 @@ def timed_round(
     return {
         "version": version,
         "snapshot_s": t_announced - t0,
+        "publish_to_all_applied_s": max(r["t_applied"] for r in reports) - t0,
         "announce_to_all_applied_s": max(r["t_applied"] for r in reports) - t_announced,
         "receivers": [
             {
@@ -323,7 +358,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import zmq
 
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+    from grpo_stream.transport.settings import SecuritySettings
     from grpo_stream.transport.weights import WeightServer
 
     torch.set_num_threads(1)
@@ -335,14 +370,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     pull.setsockopt(zmq.LINGER, 0)  # reports left unread at the end are of no use
     report = f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}"
     server = WeightServer(
-        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", TransportSettings(), SecuritySettings()
-    )
+        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", _transport(args), SecuritySettings(),
+        _weights_settings(args),
+    )  # fmt: skip
     procs = start_receivers(args, n, server.addresses, report)
     try:
         collect(pull, n, "ready")
         warm_up(server, source, pull, n)
-        rounds = [timed_round(server, source, pull, n, v) for v in range(1, args.rounds + 1)]
+        rounds = []
+        for version in range(1, args.rounds + 1):
+            sent = server.sent_bytes
+            rounds.append(timed_round(server, source, pull, n, version))
+            rounds[-1]["trainer_sent_bytes"] = server.sent_bytes - sent
         for proc in procs:
+            if args.relay:
+                proc.terminate()  # relays serve until the last child has its version
             proc.wait(timeout=60)
     finally:
         for proc in procs:
@@ -356,40 +398,87 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "tensors": len(source.named), "rounds": rounds}  # fmt: skip
 
 
-def report_rounds(result: dict[str, Any]) -> tuple[float, float]:
-    """Print every round; returns (median seconds to all applied, overall GiB/s)."""
+def report_rounds(result: dict[str, Any], verbose: bool) -> tuple[float, float]:
+    """Print the rounds; returns (median publish->all applied seconds, GiB/s per receiver)."""
     gib = result["bytes"] / GIB
     n = result["receivers"]
-    what = f"{result['tensors']} tensors, {gib:.3f} GiB per version"
-    print(f"{result['kind']}: {what}, {n} receivers")
+    print(f"  {result['tensors']} tensors, {gib:.3f} GiB per version, {n} receivers")
     for rnd in result["rounds"]:
-        print(f"version {rnd['version']}: snapshot {rnd['snapshot_s']:.3f} s")
-        for r in rnd["receivers"]:
-            secs = r["announce_to_applied_s"]
+        sent = rnd["trainer_sent_bytes"] / result["bytes"]
+        print(
+            f"  version {rnd['version']}: snapshot {rnd['snapshot_s']:.3f} s, publish->all "
+            f"applied {rnd['publish_to_all_applied_s']:.3f} s, trainer sent {sent:.1f} sets"
+        )
+        for r in rnd["receivers"] if verbose else []:
             print(
-                f"  receiver {r['index']}: fetch {r['fetch_s']:.3f} s, apply {r['apply_s']:.3f} s,"
-                f" announce->applied {secs:.3f} s, {gib / secs:.2f} GiB/s"
+                f"    receiver {r['index']}: fetch {r['fetch_s']:.3f} s, apply "
+                f"{r['apply_s']:.3f} s, announce->applied {r['announce_to_applied_s']:.3f} s"
             )
-        print(f"  all applied: {rnd['announce_to_all_applied_s']:.3f} s")
-    seconds = statistics.median(r["announce_to_all_applied_s"] for r in result["rounds"])
-    return seconds, n * gib / seconds
+    seconds = statistics.median(r["publish_to_all_applied_s"] for r in result["rounds"])
+    return seconds, gib / seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="announce->applied time of a weights version")
-    parser.add_argument("--kind", choices=["tiny", "synthetic"], default="synthetic")
-    parser.add_argument("--receivers", type=int, default=2, help="generator processes")
-    parser.add_argument("--rounds", type=int, default=3, help="timed versions")
-    parser.add_argument("--model", default=TINY_MODEL, help="tiny: model name or path")
-    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="synthetic")
-    parser.add_argument("--layers", type=int, default=24, help="synthetic: decoder layers")
-    parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
-    parser.add_argument("--role", choices=["main", "receiver"], default="main", help="internal")
-    parser.add_argument("--index", type=int, default=0, help="internal: receiver index")
-    parser.add_argument("--announce", help="internal: the PUB address")
-    parser.add_argument("--weights", help="internal: the ROUTER address")
-    parser.add_argument("--report", help="internal: the benchmark's PULL address")
+    parser = argparse.ArgumentParser(description="weights: full throughput, fan-out, deltas")
+    add = parser.add_argument
+    add("--kind", choices=["tiny", "synthetic"], default="synthetic")
+    add("--receivers", type=int, default=1, help="internal: generator processes of a phase")
+    add("--rounds", type=int, default=3, help="timed versions per phase")
+    add("--model", default=TINY_MODEL, help="tiny: model name or path")
+    add("--dtype", choices=["bf16", "fp32"], default="bf16", help="synthetic")
+    add("--layers", type=int, default=24, help="synthetic full set: decoder layers")
+    add("--hidden", type=int, default=896, help="synthetic full set: hidden size")
+    add("--intermediate", type=int, default=4864, help="synthetic full set: MLP size")
+    add("--vocab", type=int, default=151_936, help="synthetic full set: vocabulary")
+    add("--fanout", type=int, default=4, help="weights.fanout of the fan-out phase")
+    add("--fanout-receivers", default="1,4,16", help="receiver counts of the fan-out phase")
+    add("--fanout-layers", type=int, default=2, help="fan-out set: decoder layers")
+    add("--fanout-vocab", type=int, default=8192, help="fan-out set: vocabulary")
+    add("--delta-layers", type=int, default=24, help="delta set: decoder layers")
+    add("--delta-steps", type=int, default=1, help="AdamW steps per learning rate")
+    add("--delta-lrs", default="1e-6,1e-5", help="learning rates of the delta phase")
+    add("--compare-runs", action="store_true", help="delta: also size index+value runs")
+    add("--chunk-mib", type=int, default=8, help="transport.weights_chunk_bytes in MiB")
+    add("--max-gib", type=float, default=6.0, help="memory budget of the whole benchmark")
+    add("--relay", action="store_true", help="internal: receivers relay (weights.relay)")
+    add("--verbose", action="store_true", help="print every receiver of every round")
+    add("--no-save", action="store_true", help="do not write bench/results")
+    add("--role", choices=["main", "receiver"], default="main", help="internal")
+    add("--index", type=int, default=0, help="internal: receiver index")
+    add("--announce", help="internal: the PUB address")
+    add("--weights", help="internal: the ROUTER address")
+    add("--report", help="internal: the benchmark's PULL address")
     return parser
+
+
+def run_phases(args: argparse.Namespace) -> dict[str, Any]:
+    """Full set to one receiver; fan-out 1/4/16 with relays; delta sizes after AdamW."""
+    import torch
+
+    from bench.weights_delta import measure_deltas, report
+
+    out: dict[str, Any] = {}
+    print(f"full set, 1 receiver, no deltas, no relays ({args.kind}):")
+    full = measure(argparse.Namespace(**{**vars(args), "receivers": 1, "relay": False}))
+    _, out["full_gib_s"] = report_rounds(full, args.verbose)
+    out["full"] = full
+    fan = {**vars(args), "layers": args.fanout_layers, "vocab": args.fanout_vocab,
+           "hidden": 512, "intermediate": 2048, "kind": "synthetic", "relay": True}  # fmt: skip
+    out["fanout"] = {}
+    for n in [int(x) for x in args.fanout_receivers.split(",")]:
+        print(f"fan-out: {n} receivers, relays on, weights.fanout {args.fanout}:")
+        result = measure(argparse.Namespace(**{**fan, "receivers": n}))
+        out["fanout"][n] = {"seconds": report_rounds(result, args.verbose)[0], **result}
+    counts = sorted(out["fanout"])
+    out["fanout_ratio"] = out["fanout"][counts[-1]]["seconds"] / out["fanout"][counts[0]]["seconds"]
+    torch.set_num_threads(1)
+    shapes = qwen2_like_shapes(layers=args.delta_layers)
+    print(f"deltas: {shape_bytes(shapes, 2) / GIB:.3f} GiB bf16 set, real AdamW steps:")
+    out["delta"] = {}
+    for lr in [float(x) for x in args.delta_lrs.split(",")]:
+        totals = measure_deltas(shapes, lr, args.delta_steps, 3, args.compare_runs)
+        out["delta"][lr] = {"ratio": report(lr, totals, args.compare_runs), **vars(totals)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -399,14 +488,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.role == "receiver":
         run_receiver(args)
         return
-    result = measure(args)
-    seconds, gib_s = report_rounds(result)
+    out = run_phases(args)
     if not args.no_save:
-        name = args.kind if args.kind == "tiny" else f"synthetic_{args.dtype}"
-        name += f"_r{result['receivers']}"
-        path = save_json(RESULTS_DIR / f"weights_{name}.json", {**result, "env": environment()})
+        path = save_json(RESULTS_DIR / "weights.json", {**out, "env": environment()})
         print(f"saved {path.relative_to(REPO_ROOT)}")
-    print(f"announce->applied: {seconds:.3f} s, {gib_s:.2f} GiB/s")
+    d = out["delta"][min(out["delta"])]["ratio"]
+    print(
+        f"delta bytes ratio {d:.4f}, fanout{max(out['fanout'])}/fanout{min(out['fanout'])} "
+        f"{out['fanout_ratio']:.2f}, full GiB/s {out['full_gib_s']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -267,6 +267,7 @@ def run_generator(
         cfg.transport,
         link.security,
         lora=cfg.trainer.lora,
+        weights=cfg.weights,
     )
     log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
     try:

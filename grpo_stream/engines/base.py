@@ -33,7 +33,11 @@ if TYPE_CHECKING:
 
     from grpo_stream.config import GeneratorSettings, ModelSettings
     from grpo_stream.models.adapter import LoraSettings
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+    from grpo_stream.transport.settings import (
+        SecuritySettings,
+        TransportSettings,
+        WeightsSettings,
+    )
 
 
 class EngineUnavailableError(RuntimeError):
@@ -137,17 +141,20 @@ def make_engine(
     security: SecuritySettings,
     device: str | None = None,
     lora: LoraSettings | None = None,
+    weights: WeightsSettings | None = None,
 ) -> Engine:
     """Build the engine a generator runs: `hf` (transformers) or `vllm`.
 
     `device` is "cpu", "cuda" or "cuda:N" (default: a GPU when one is visible). vLLM picks
     its GPU itself: select it with CUDA_VISIBLE_DEVICES. `lora` (the trainer's
     `trainer.lora`): vLLM must enable LoRA at start; hf recognises adapter versions itself.
+    `weights`: how versions are fetched (hf relays them when `weights.relay`; vLLM workers
+    fetch deltas but do not relay).
     """
     if name == "hf":
         from grpo_stream.engines.hf import HFEngine
 
-        return HFEngine.from_settings(model, transport, security, device)
+        return HFEngine.from_settings(model, transport, security, device, weights)
     if name == "vllm":
         if not vllm_available():
             raise EngineUnavailableError(

@@ -39,7 +39,7 @@ from grpo_stream.engines.base import (
     to_torch,
 )
 from grpo_stream.models.adapter import split_adapter
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from grpo_stream.config import ModelSettings
     from grpo_stream.transport.fetch import Replica
+    from grpo_stream.transport.relay import Relay
 
 log = structlog.get_logger()
 
@@ -62,6 +63,7 @@ class HFEngine:
         transport: TransportSettings | None = None,
         security: SecuritySettings | None = None,
         version: int = 0,
+        weights: WeightsSettings | None = None,
     ) -> None:
         import torch
 
@@ -79,6 +81,8 @@ class HFEngine:
         self._zmq_ctx: Any = None
         self._replica: Replica | None = None  # wire arrays of the version held (delta base)
         self._lora: Any = None  # engines.lora.HFAdapter once an adapter version arrives
+        self._weights = weights or WeightsSettings()
+        self._relay: Relay | None = None  # serves what we fetch to others (weights.relay)
         # transformers 5 renamed the forward argument past_key_values to cache.
         forward_args = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -90,6 +94,7 @@ class HFEngine:
         transport: TransportSettings,
         security: SecuritySettings,
         device: str | None = None,
+        weights: WeightsSettings | None = None,
     ) -> HFEngine:
         """Load `model.name_or_path` (bf16 on GPUs, fp32 on CPU unless `model.dtype` says)."""
         from grpo_stream.models.loading import load_policy, load_tokenizer
@@ -104,7 +109,7 @@ class HFEngine:
             device=dev,
             dtype=str(next(policy.parameters()).dtype),
         )
-        return cls(policy, tokenizer, dev, transport, security)
+        return cls(policy, tokenizer, dev, transport, security, weights=weights)
 
     # ---- generation -------------------------------------------------------------------
 
@@ -288,14 +293,25 @@ class HFEngine:
             self._zmq_ctx = zmq.Context()
         if self._replica is None:
             self._replica = Replica()
+        if self._weights.relay and self._relay is None:
+            from grpo_stream.transport.relay import Relay
+
+            self._relay = Relay(
+                self._zmq_ctx, self._weights.relay_bind, self._transport, self._security,
+                wait_s=self._weights.relay_stall_s,
+            )  # fmt: skip
         got = self._replica.fetch(
-            self._zmq_ctx, address, self._transport, self._security, version=version
-        )
+            self._zmq_ctx, address, self._transport, self._security, version=version,
+            weights=self._weights, relay=self._relay,
+        )  # fmt: skip
         self.load_weights(self._replica.named(), got)
         return got
 
     def close(self) -> None:
         """Drop the model and close the ZeroMQ context (sockets linger 0, so this never hangs)."""
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
         if self._zmq_ctx is not None:
             self._zmq_ctx.destroy(linger=0)
             self._zmq_ctx = None

@@ -380,7 +380,8 @@ def _dealer(address: str) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
 def test_huge_declared_array_is_rejected_without_allocating(server: Server) -> None:
     meta = {"dtype": "float64", "shape": [2**26]}  # 512 MiB declared, 8 bytes sent
     head = {"proto": 1, "kind": "weights_chunk", "version": 1, "index": 0, "count": 1,
-            "names": ["w"], "tensors": [meta]}  # fmt: skip
+            "names": ["w"], "tensors": [meta], "base": -1, "encodings": ["raw"],
+            "checksums": [0], "checksum": 0}  # fmt: skip
     ctx, sock = _dealer(server.address)
     sock.send_multipart([msgpack.packb(head), b"\0" * 8])  # warms caches and the log throttle
     assert server.recv(timeout_ms=5000) is None

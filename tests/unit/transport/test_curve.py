@@ -144,3 +144,30 @@ def test_announcements_reach_an_allowed_subscriber(
     assert seen == version
     watcher.close()
     server.close()
+
+
+def test_relay_link_is_curve_secured(ctx: Context, settings: TransportSettings, keys: Path) -> None:
+    import torch
+
+    from grpo_stream.protocols.messages import WeightsRequest
+    from grpo_stream.transport.fetch import Replica
+    from grpo_stream.transport.relay import Relay
+    from grpo_stream.transport.settings import WeightsSettings
+    from grpo_stream.transport.weights import WeightServer
+
+    weights = WeightsSettings(relay=True, fanout=1)
+    server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys), weights)
+    relay = Relay(ctx, LOCAL, settings, _secure(keys))
+    server.publish(3, [("w", torch.ones(2, 2))])
+    first, second = Replica(), Replica()
+    first.fetch(ctx, server.addresses["weights"], settings, _secure(keys), weights=weights,
+                relay=relay)  # fmt: skip
+    assert second.fetch(ctx, server.addresses["weights"], settings, _secure(keys)) == 3
+    assert server.redirects == 1  # the second came through the relay, over CURVE
+    plain = Client(ctx, relay.address, settings, SecuritySettings(), "plain")
+    plain.send(WeightsRequest(version=3, have=-1))
+    reply = plain.recv(REFUSED_WAIT_MS)
+    assert reply is None  # a plaintext peer gets nothing from the relay
+    plain.close()
+    relay.close()
+    server.close()
