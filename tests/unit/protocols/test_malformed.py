@@ -68,9 +68,9 @@ def test_unknown_kind_is_refused() -> None:
 
 def test_other_major_version_names_both_versions() -> None:
     with pytest.raises(ProtocolError) as info:
-        decode(_with_header(_frames(_scored()), proto=2))
+        decode(_with_header(_frames(_scored()), proto=1))  # the protocol before version 2
     assert info.value.code == "version"
-    assert str(info.value) == "peer speaks protocol 2, we speak 1"
+    assert str(info.value) == "peer speaks protocol 1, we speak 2"
 
 
 def test_header_without_proto_is_refused() -> None:
@@ -103,7 +103,7 @@ def test_wrong_list_element_type_is_refused() -> None:
 
 
 def test_int_map_key_is_refused() -> None:
-    raw = msgpack.packb({"proto": 1, "kind": "heartbeat", "instance": "g", "stats": {1: 2}})
+    raw = msgpack.packb({"proto": 2, "kind": "heartbeat", "instance": "g", "stats": {1: 2}})
     assert _code([raw]) == "bad_header"  # msgpack's strict_map_key refuses it while unpacking
 
 
