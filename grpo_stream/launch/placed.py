@@ -87,8 +87,9 @@ def placed_services(
     resume: bool,
     cluster: LaunchCluster | None = None,
 ) -> list[tuple[ServiceSpec, Slot | None]]:
-    """Trainer nodes, generators and scorers, each with its device environment, through its
-    host's launcher, beside the slot it holds; instances numbered in host order."""
+    """Trainer nodes, generators, scorers and (with eval.every) the evaluator, each with its
+    device environment, through its host's launcher, beside the slot it holds; instances
+    numbered in host order."""
     hosts = _hosts(cluster)
     keys = ["--keys-dir", str(cfg.security.keys_dir)] if cfg.security.curve else []
     n = cfg.run.restarts
@@ -114,6 +115,13 @@ def placed_services(
             spec = ServiceSpec(name, "scorer", argv, env=placement.env(None), restarts_left=n)
             out.append((_via(hosts, host.name, spec), None))
             number += 1
+    if cfg.eval.every > 0:  # evaluation during training: one evaluator, on the first host
+        first = next(iter(hosts.values())).name
+        argv = service_argv("evaluator", "evaluator-0", hub, keys)
+        spec = ServiceSpec(
+            "evaluator-0", "evaluator", argv, env=placement.env(None), restarts_left=n
+        )
+        out.append((_via(hosts, first, spec), None))
     return out
 
 
