@@ -28,6 +28,7 @@ from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_HUB_GONE
 from grpo_stream.protocols import messages as m
 from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.training.device import release_cache
 from grpo_stream.training.sinks import Sink, make_sinks
 from grpo_stream.training.versions import VersionMark, resumed_version
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
@@ -142,6 +143,7 @@ class Trainer:
             log.info("batch.trained", step=batch.step, groups=[int(g) for g in batch.group_ids])
             if self.state.version % self.cfg.trainer.publish_every == 0:
                 self.publish()
+            release_cache(self.state.device, self.cfg.run.placement == "colocated")
             if self.metrics is not None:
                 self._record(batch, result.metrics, seconds, waited)
             if self.state.step % self.cfg.trainer.checkpoint_every == 0:

@@ -37,6 +37,20 @@ def probe_cuda() -> CudaProbe:
     return CudaProbe(True, torch.cuda.device_count(), bool(torch.cuda.is_bf16_supported()))
 
 
+def release_cache(device: str, colocated: bool, cuda: Any = None) -> bool:
+    """Colocated placement (trainer and a vLLM generator sharing a GPU): give the caching
+    allocator's free blocks back after each step, so the generator's KV cache can use them.
+    `cuda` replaces torch.cuda (tests); True when the cache was released."""
+    if not colocated or not device.startswith("cuda"):
+        return False
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    cuda.empty_cache()
+    return True
+
+
 def resolve_device(setting: str, cuda: CudaProbe, local_rank: int) -> str:
     """`cpu`, or `cuda:LOCAL_RANK` (one GPU per rank): auto takes CUDA when it is visible."""
     if setting == "cpu" or (setting == "auto" and not cuda.available):

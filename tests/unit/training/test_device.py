@@ -100,3 +100,30 @@ def test_checkpointing_support_is_read_from_the_models_config(tmp_path: Path) ->
 def test_micro_batch_tokens_below_the_longest_sequence_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"trainer\.micro_batch_tokens"):
         _cfg(tmp_path, "trainer.micro_batch_tokens=64", "generator.max_tokens=64")
+
+
+class _FakeCuda:
+    """torch.cuda at its boundary: counts empty_cache calls."""
+
+    def __init__(self) -> None:
+        self.emptied = 0
+
+    def empty_cache(self) -> None:
+        self.emptied += 1
+
+
+def test_a_colocated_trainer_on_a_gpu_releases_its_cache() -> None:
+    from grpo_stream.training.device import release_cache
+
+    cuda = _FakeCuda()
+    assert release_cache("cuda:0", colocated=True, cuda=cuda)
+    assert cuda.emptied == 1
+
+
+@pytest.mark.parametrize(("device", "colocated"), [("cuda:0", False), ("cpu", True)])
+def test_the_cache_is_kept_unless_colocated_on_a_gpu(device: str, colocated: bool) -> None:
+    from grpo_stream.training.device import release_cache
+
+    cuda = _FakeCuda()
+    assert not release_cache(device, colocated=colocated, cuda=cuda)
+    assert cuda.emptied == 0
