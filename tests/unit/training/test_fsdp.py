@@ -63,8 +63,10 @@ def _rank(out: Path) -> None:
     resumed = TrainState.create(_config(out / "run"), resume=True)
     resumed_weights = dict(resumed.named_weights())
     resumed_optimizer = full_optimizer_state(resumed.model, resumed.optimizer)
-    # the snapshot is taken at start; step 0 moves the weights, step 1 fails and restores
-    faulty = TrainState.create(_config(out / "fault", "trainer.fault_nan_step=1"))
+    # restore points every 2 applied steps: the one taken at start; step 0 moves the weights,
+    # step 1 fails and restores the start (a restore, not just a skipped step) on every shard
+    every2 = ("trainer.fault_nan_step=1", "algo.rollback.snapshot_every=2")
+    faulty = TrainState.create(_config(out / "fault", *every2))
     initial = dict(faulty.named_weights())
     assert faulty.train_step(shard).applied
     moved = dict(faulty.named_weights())
