@@ -21,8 +21,10 @@ from typing import Any
 import structlog
 
 from grpo_stream.config import RunConfig, config_from_dict
+from grpo_stream.hub.auth import load_secret, sign
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols import messages as m
+from grpo_stream.ratelimit import RateLimit
 from grpo_stream.transport.errors import TransportError
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
@@ -77,6 +79,8 @@ class HubLink:
         self.capacity = capacity
         self.fingerprint = dict(fingerprint or {})
         self.endpoints: dict[str, Any] = {}  # what this service serves (the trainer's weights)
+        # every Hello is signed with the run's secret when there is one (grpo_stream.hub.auth)
+        self._secret = None if security.secret_file is None else load_secret(security.secret_file)
         self.ctx = make_context()
         self.client = Client(self.ctx, hub, transport, security, identity=instance)
         self.peers: dict[str, Any] = {}
@@ -92,6 +96,7 @@ class HubLink:
         self._rejoin_wanted = threading.Event()  # set by the heartbeat thread
         self._rejoined_at = -1e9
         self._hb: threading.Thread | None = None
+        self._warn = RateLimit()
 
     def connect(self) -> RunConfig:
         """Say Hello; return the run's config from Welcome."""
@@ -159,7 +164,8 @@ class HubLink:
             self.stop.stop(f"hub: {msg.reason}")
             return None
         if isinstance(msg, m.Error):
-            log.warning("hub.error", code=msg.code, message=msg.message)
+            if (count := self._warn.allow(f"hub.error:{msg.code}")) is not None:
+                log.warning("hub.error", code=msg.code, message=msg.message, count=count)
             if msg.code == "unregistered":
                 self.rejoin()
             return None
@@ -177,7 +183,7 @@ class HubLink:
         self._hellos_unanswered += 1
 
     def _hello(self) -> m.Hello:
-        return m.Hello(
+        hello = m.Hello(
             service=self.service,
             instance=self.instance,
             host=socket.gethostname(),
@@ -187,6 +193,7 @@ class HubLink:
             fingerprint=self.fingerprint,
             endpoints=self.endpoints,
         )
+        return hello if self._secret is None else sign(hello, self._secret)
 
     def _beat_loop(self) -> None:
         """Heartbeats from their own socket and thread, so a long model load or generation

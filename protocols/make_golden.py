@@ -131,6 +131,7 @@ def _control_examples() -> list[m.Message]:
             rank=0,
             fingerprint={"device": "cpu", "cores": 2, "score": 0.5},
             endpoints={},
+            auth="v1:1700000000000:00112233445566778899aabbccddeeff:" + "ab" * 32,
         ),
         m.Welcome(
             run_id="run-1",

@@ -130,6 +130,7 @@ class Hello(Message):
     rank: int = 0
     fingerprint: dict[str, Any] = field(default_factory=dict)
     endpoints: dict[str, Any] = field(default_factory=dict)
+    auth: str = ""
 
 
 @dataclass(eq=False)

@@ -59,6 +59,9 @@ def run(
     client_name: str = typer.Option(
         "client", "--client-name", help="Which key pair in --keys-dir this service uses."
     ),
+    secret_file: Path = typer.Option(
+        None, "--secret-file", help="The run's secret (RUN_DIR/secret): signs every Hello."
+    ),
 ) -> None:
     """Run one service until it is told to stop."""
     from grpo_stream.logs import setup_logging
@@ -74,7 +77,10 @@ def run(
                 "security.curve=true",
                 f"security.keys_dir={json.dumps(str(keys_dir))}",
             ]
+        if secret_file is not None:
+            overrides = [*overrides, f"security.secret_file={json.dumps(str(secret_file))}"]
         cfg = _grouper_config(config, overrides)
+        _check_secret(cfg.security.secret_file)
         held = _lock(cfg.run.run_dir)  # noqa: F841 - held until this process exits
         log = setup_logging("grouper", name, cfg.run.run_dir, log_level, console_json=log_json)
         log.info("config.resolved", config=cfg.model_dump(mode="json"))
@@ -91,9 +97,11 @@ def run(
         fail(f"`grpo-stream run {service}` needs --hub tcp://HOST:PORT")
     if config is not None or overrides:
         fail(f"{service} takes its config from the hub: give --config/--set to the grouper")
+    _check_secret(secret_file)
     security = SecuritySettings(
-        curve=keys_dir is not None, keys_dir=keys_dir, client_name=client_name
-    )
+        curve=keys_dir is not None, keys_dir=keys_dir, client_name=client_name,
+        secret_file=secret_file,
+    )  # fmt: skip
     transport = TransportSettings()
     setup_logging(service, name, None, log_level, console_json=log_json)
     _run_client(service, hub, name, transport, security, resume, (log_level, log_json), throttle)
@@ -111,6 +119,17 @@ def _grouper_config(config: Path | None, overrides: list[str]) -> RunConfig:
     except (ConfigError, PreflightError) as exc:
         fail(str(exc))
     return cfg
+
+
+def _check_secret(path: Path | None) -> None:
+    """One line before anything starts when the run's secret cannot be used."""
+    from grpo_stream.hub.auth import AuthError, load_secret
+
+    if path is not None:
+        try:
+            load_secret(path)
+        except AuthError as exc:
+            fail(str(exc))
 
 
 def _lock(run_dir: Path) -> RunLock | None:

@@ -93,6 +93,7 @@ def up(
             cfg = load_config(config, placed.cluster_overrides(hosts, placement) + extra)
     except (PlacementError, ClusterError, ConfigError) as exc:
         fail(str(exc))
+    _run_secret(cfg, write=lock is not None)
     resolved = rd / "config.toml"
     console = RunConsole(
         level="debug" if verbose else "info", quiet=not verbose, every=cfg.run.console_every
@@ -114,6 +115,19 @@ def up(
     write_outcome(rd, "completed" if result.completed else "interrupted", result.steps)
     if not result.completed:
         fail(f"stopped after {result.steps} steps (resume with --resume --run-dir {rd})", code=130)
+
+
+def _run_secret(cfg: RunConfig, write: bool) -> None:
+    """Every Hello of this run is signed: a new RUN_DIR/secret (0600) unless the config names
+    its own `security.secret_file`; the hub reads it from the config, the others get
+    `--secret-file`."""
+    from grpo_stream.hub.auth import write_secret
+
+    if cfg.security.secret_file is None:
+        path = Path(cfg.run.run_dir) / "secret"
+        cfg.security = cfg.security.model_copy(update={"secret_file": path})
+        if write:
+            write_secret(path)
 
 
 def _take_run_dir(cfg: RunConfig, resume: bool, local_model: bool) -> RunLock:

@@ -20,7 +20,7 @@ from grpo_stream.config import RunConfig
 from grpo_stream.launch.cluster import LaunchCluster, LaunchHost, config_overrides, place
 from grpo_stream.launch.placement import DEVICE_ORDER, Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
-from grpo_stream.launch.up import hub_service, service_argv
+from grpo_stream.launch.up import hub_service, security_args, service_argv
 
 TORCHRUN = ["-m", "torch.distributed.run"]
 
@@ -91,7 +91,7 @@ def placed_services(
     device environment, through its host's launcher, beside the slot it holds; instances
     numbered in host order."""
     hosts = _hosts(cluster)
-    keys = ["--keys-dir", str(cfg.security.keys_dir)] if cfg.security.curve else []
+    keys = security_args(cfg)
     n = cfg.run.restarts
     master = (hosts[placement.trainer[0].host].address, cfg.trainer.rendezvous_port)
     program = service_argv("trainer", "trainer-0", hub, keys + (["--resume"] if resume else []))

@@ -82,9 +82,17 @@ def hub_service(cfg: RunConfig, config_path: Path, resume: bool) -> ServiceSpec:
     )
 
 
+def security_args(cfg: RunConfig) -> list[str]:
+    """What every non-hub service is given to join the hub: the CURVE keys and the run's
+    secret (the hub reads both from the run config)."""
+    keys = ["--keys-dir", str(cfg.security.keys_dir)] if cfg.security.curve else []
+    secret = cfg.security.secret_file
+    return keys + ([] if secret is None else ["--secret-file", str(secret)])
+
+
 def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
     """Trainer, generators and scorers on this machine, as the config counts them."""
-    keys = ["--keys-dir", str(cfg.security.keys_dir)] if cfg.security.curve else []
+    keys = security_args(cfg)
     n = cfg.run.restarts
     specs = [
         ServiceSpec(

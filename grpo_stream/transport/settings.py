@@ -51,6 +51,10 @@ class SecuritySettings(BaseModel):
     """Directory written by `grpo-stream keys init` (required when curve is on)."""
     client_name: str = Field("client", pattern=r"^[A-Za-z0-9_-]+$")
     """Which client key pair in keys_dir this process uses (`keys add DIR NAME` writes more)."""
+    secret_file: Path | None = None
+    """The run's shared secret (`up` writes RUN_DIR/secret, mode 0600): every Hello carries an
+    HMAC with it and a hub with one refuses a Hello without a valid one (grpo_stream.hub.auth).
+    None: Hellos are not authenticated (any process that reaches the hub may join)."""
 
     @model_validator(mode="after")
     def _check(self) -> SecuritySettings:

@@ -46,6 +46,7 @@ from grpo_stream.protocols.messages import (
     WeightsRedirect,
     WeightsRequest,
 )
+from grpo_stream.ratelimit import RateLimit
 from grpo_stream.transport.delta import RAW, checksum, version_checksum
 from grpo_stream.transport.errors import TransportError, WeightsError
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
@@ -187,6 +188,7 @@ class WeightServer:
         self._ready = threading.Event()
         self._router_address = ""
         self._failure: BaseException | None = None
+        self._warn = RateLimit()  # what any peer can make repeat is logged rate-limited
         self.served = 0  # complete version streams sent (read for stats)
         self.sent_bytes = 0  # tensor bytes of the streams started (read for stats)
         self.redirects = 0  # fetchers sent to a relay (read for stats)
@@ -302,8 +304,13 @@ class WeightServer:
             if self._weights.deltas and msg.have >= 0:
                 chunks = self._history.chunks_from(msg.have, current)
         base = msg.have if chunks is not None else -1
-        if msg.version not in (-1, current.version):
-            log.info("weights.request_redirected", asked=msg.version, serving=current.version)
+        if msg.version not in (-1, current.version):  # any peer can ask: rate-limited
+            count = self._warn.allow("weights.request_redirected")
+            if count is not None:
+                log.info(
+                    "weights.request_redirected", asked=msg.version, serving=current.version,
+                    count=count,
+                )  # fmt: skip
         if self._weights.relay and not msg.direct:
             tree = self._trees.setdefault((current.version, base), _Tree(self._weights.fanout))
             parent = tree.place(msg.relay)
@@ -327,7 +334,8 @@ class WeightServer:
                 if status is SendStatus.FULL:
                     break
                 if status is SendStatus.UNREACHABLE:
-                    log.info("weights.peer_gone", version=stream.version)
+                    if (count := self._warn.allow("weights.peer_gone")) is not None:
+                        log.info("weights.peer_gone", version=stream.version, count=count)
                     del streams[peer]
                     break
                 stream.next_index += 1

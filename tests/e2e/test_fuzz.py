@@ -336,28 +336,6 @@ def test_every_group_is_accounted_for_after_fuzzing(fuzzed: Fuzzed) -> None:
     assert_accounting(fuzzed.run_dir, STEPS)
 
 
-# ----- a registered peer sending what only the trainer may send ------------------------------
-@pytest.mark.slow
-def test_hub_refuses_batch_request_from_a_non_trainer(tmp_path: Path) -> None:
-    run = Run(tmp_path / "run", 3)
-    try:
-        run.wait_steps(1)
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect((run.run_dir / "hub.addr").read_text().strip())
-        sock.send_multipart(_raw(m.Hello(service="fuzzer", instance="fuzz-peer", host="h",
-                                         pid=1, capacity=0)))  # fmt: skip
-        assert isinstance(decode(sock.recv_multipart()), m.Welcome)
-        sock.send_multipart(_raw(m.BatchRequest(step=0, trainer_version=0)))
-        got = decode(sock.recv_multipart()) if sock.poll(5000) else None
-        sock.close()
-        ctx.term()
-        assert not isinstance(got, m.TrainBatch), "the hub sent a trainer's batch to a stranger"
-    finally:
-        run.kill()
-
-
 # ----- at the socket level -----------------------------------------------------------------
 @pytest.fixture
 def server() -> Iterator[Server]:

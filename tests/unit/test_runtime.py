@@ -116,3 +116,30 @@ def test_introduce_sends_endpoints_and_consumes_its_welcome(link: HubLink, hub: 
     joins = link.joins
     _drain(link, 0.3)
     assert link.joins == joins  # its Welcome was taken by introduce, none is left over
+
+
+def test_a_link_given_the_runs_secret_signs_every_hello(hub: FakeHub, tmp_path: Path) -> None:
+    from grpo_stream.hub.auth import HelloAuth, load_secret, write_secret
+
+    secret = write_secret(tmp_path / "secret")
+    security = SecuritySettings(secret_file=secret)
+    link = HubLink("generator", "gen-1", hub.server.address, TransportSettings(), security,
+                   StopFlag())  # fmt: skip
+    link.connect()
+    link.rejoin()
+    _drain(link)
+    link.close("test")
+    auth = HelloAuth(load_secret(secret))
+    assert len(hub.hellos) == 2
+    assert [auth.check(h) for h in hub.hellos] == [None, None]  # each with its own nonce
+
+
+def test_repeated_errors_from_the_hub_are_logged_rate_limited(link: HubLink, hub: FakeHub) -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        for _ in range(10):
+            hub.server.send(hub.identity, m.Error(code="bad_rollout", message="G=8"))
+        _drain(link, 0.5)
+    said = [e for e in logs if e["event"] == "hub.error"]
+    assert len(said) == 1 and said[0]["count"] == 1

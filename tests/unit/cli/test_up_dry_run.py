@@ -65,3 +65,13 @@ def test_a_gpu_that_does_not_exist_fails_before_anything_starts(
         "error: trainer.devices names GPU 8, but local has 8 GPU(s): 0-7"
     )
     assert not (tmp_path / "run" / "config.toml").exists()
+
+
+def test_dry_run_gives_every_service_the_runs_secret(eight_h100: None, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["up", "--dry-run", "--run-dir", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    cmds = [line for line in result.stdout.splitlines() if line.strip().startswith("cmd:")]
+    clients = [c for c in cmds if " run grouper " not in c]
+    assert clients and all(f"--secret-file {run_dir / 'secret'}" in c for c in clients)
+    assert not (run_dir / "secret").exists()  # a dry run writes nothing

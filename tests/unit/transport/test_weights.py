@@ -156,6 +156,20 @@ def test_request_for_a_version_no_longer_held_gets_the_current_one(
     assert all(float(a[0]) == 2.0 for _, a in tensors)
 
 
+def test_repeated_requests_for_an_old_version_are_logged_rate_limited(
+    weights: WeightServer, ctx: Context
+) -> None:
+    from structlog.testing import capture_logs
+
+    weights.publish(1, _filled(1, n=1, numel=4))
+    weights.publish(2, _filled(2, n=1, numel=4))
+    with capture_logs() as logs:
+        for _ in range(20):  # what any peer on the port can repeat
+            fetch_weights(ctx, weights.addresses["weights"], weights_settings(), _plain(), 1)
+    said = [e for e in logs if e["event"] == "weights.request_redirected"]
+    assert len(said) == 1 and said[0]["count"] == 1
+
+
 def test_fetch_before_any_publish_raises_weights_error(weights: WeightServer, ctx: Context) -> None:
     with pytest.raises(WeightsError, match="no weights"):
         fetch_weights(ctx, weights.addresses["weights"], weights_settings(), _plain())
