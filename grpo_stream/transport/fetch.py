@@ -17,6 +17,8 @@ Invariants:
   fetched again in full from the trainer's server, never applied half.
 - A relay that stalls for `weights.relay_stall_s` or fails is given up: the version is
   fetched again directly from the trainer's server (`direct`).
+- A server that sends nothing for `weights.fetch_stall_s` (say it died mid-fetch) fails the
+  fetch with WeightsTimeout then, not at the whole fetch's deadline; the caller retries.
 - A fetch that takes longer than a few seconds reports its progress (`weights.fetch.progress`).
 """
 
@@ -199,7 +201,7 @@ class _Link:
         relay_at = None if self.relay is None else self.relay.address
         request = WeightsRequest(version=version, have=have, relay=relay_at, direct=direct)
         try:
-            got = self._once(origin, request, replica, stall_s=self.timeout_s)
+            got = self._once(origin, request, replica, stall_s=self.weights.fetch_stall_s)
             if isinstance(got, WeightsRedirect):
                 got = self._via_relay(got, origin, request, replica)
             if isinstance(got, WeightsRedirect):
@@ -224,7 +226,7 @@ class _Link:
             if self.relay is not None:
                 self.relay.abort()  # our own children go to the trainer too
             request.direct = True
-            return self._once(origin, request, replica, stall_s=self.timeout_s)
+            return self._once(origin, request, replica, stall_s=self.weights.fetch_stall_s)
         if isinstance(got, WeightsRedirect) or got[0] != redirect.version:
             raise WeightsRefused(f"relay {redirect.address} served another version")
         return got

@@ -85,3 +85,6 @@ class WeightsSettings(BaseModel):
     """Where a relaying generator binds (port 0: a free one); other generators must reach it."""
     relay_stall_s: float = Field(5.0, gt=0)
     """A relay that sends nothing for this long is given up; the fetcher re-fetches direct."""
+    fetch_stall_s: float = Field(10.0, gt=0, le=3600)
+    """A weight server that sends nothing for this long during a fetch (it died mid-transfer)
+    fails the fetch; the generator retries, with backoff, at the address the hub gives now."""

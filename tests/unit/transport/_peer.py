@@ -3,6 +3,8 @@
 hello: handshake with a hub at ADDRESS and print the Welcome as JSON.
 fetch: fetch the newest weights from ADDRESS, save them to OUT (.npz) and print
        {"version", "names"} as JSON.
+serve: bind a weight server (ADDRESS: where), publish version 1 of OUT MiB (1 MiB tensors),
+       print its {"weights", "announce"} addresses as JSON and serve until killed.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -38,6 +41,16 @@ def main(argv: list[str]) -> int:
             version, tensors = fetch_weights(ctx, address, settings, security, timeout_s=30.0)
             np.savez(argv[3], **dict(tensors))  # type: ignore[arg-type]
             print(json.dumps({"version": version, "names": [n for n, _ in tensors]}))
+        elif mode == "serve":
+            import torch
+
+            from grpo_stream.transport.weights import WeightServer
+
+            server = WeightServer(ctx, address, address, settings, security)
+            server.publish(1, [(f"t{i}", torch.full((1 << 18,), 1.0)) for i in range(int(argv[3]))])
+            print(json.dumps(server.addresses), flush=True)
+            while True:
+                time.sleep(1)
         else:
             print(f"unknown mode {mode}", file=sys.stderr)
             return 2

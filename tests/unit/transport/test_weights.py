@@ -18,8 +18,8 @@ import zmq
 from grpo_stream.protocols.codec import decode, encode, to_torch
 from grpo_stream.protocols.messages import WeightsChunk, WeightsRequest
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
-from grpo_stream.transport.fetch import WeightsWatcher, fetch_weights
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.fetch import Replica, WeightsWatcher, fetch_weights
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import Context, Server
 from grpo_stream.transport.weights import WeightServer
 
@@ -215,3 +215,52 @@ def weights_settings() -> TransportSettings:
 
 def _plain() -> SecuritySettings:
     return SecuritySettings()
+
+
+class KillOnFirstChunk:
+    """A relay sink (the fetcher's hook for each chunk) that SIGKILLs the weight server's
+    process when the first chunk of the version arrives: a server dying mid-transfer."""
+
+    address = "tcp://127.0.0.1:1"
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.killed_at: float | None = None
+
+    def expect(self, version: int, base: int) -> None:
+        pass
+
+    def offer(self, chunk: WeightsChunk) -> None:
+        if self.killed_at is None:
+            self.proc.kill()
+            self.proc.wait()
+            self.killed_at = time.monotonic()
+
+    def abort(self) -> None:
+        pass
+
+
+def test_a_server_killed_mid_fetch_fails_it_after_fetch_stall_s_not_the_deadline(
+    ctx: Context,
+) -> None:
+    # 16 chunks of 1 MiB, one message in flight per queue: most of them are still unsent
+    # (in no socket buffer) when the server dies
+    small = TransportSettings(io_timeout_ms=2000, weights_chunk_bytes=1 << 18, hwm=1)
+    proc = subprocess.Popen(
+        [sys.executable, str(PEER), "serve", LOCAL, small.model_dump_json(), "16"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        address = json.loads(proc.stdout.readline())["weights"]
+        sink = KillOnFirstChunk(proc)
+        with pytest.raises(WeightsTimeout, match=r"nothing for 1 s") as err:
+            Replica().fetch(
+                ctx, address, small, _plain(), timeout_s=60.0,
+                weights=WeightsSettings(fetch_stall_s=1.0), relay=sink,
+            )  # fmt: skip
+        assert sink.killed_at is not None, err
+        assert time.monotonic() - sink.killed_at < 10  # not the whole fetch's 60 s
+    finally:
+        proc.kill()
+        proc.wait()
