@@ -30,7 +30,7 @@ from grpo_stream.algo.advantages import batch_window, stream_batch_std
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
-from grpo_stream.hub.auth import hello_auth
+from grpo_stream.hub.auth import hello_auth, key_roles
 from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.journal import SendJournal
@@ -74,6 +74,7 @@ class Grouper:
         )
         self.registry = Registry(cfg.transport.heartbeat_timeout_s)
         self.auth = hello_auth(cfg.security.secret_file)  # None: Hellos are not signed
+        self.roles = key_roles(cfg.security)  # None: no CURVE, no key to check roles against
         self.rollouts: dict[int, m.Rollout] = {}
         self.peers_info: dict[str, Any] = {}
         self.policy_version = 0
@@ -241,7 +242,9 @@ class Grouper:
         self.server.send(identity, m.Error(code=code, message=reason, in_reply_to=kind))
 
     def _on_hello(self, identity: bytes, hello: m.Hello) -> None:
-        refused = guard.check_hello(hello, self.registry, self.auth)
+        refused = guard.check_hello(
+            hello, self.registry, self.auth, self.roles, self.server.last_user_id
+        )
         if refused is not None:
             self._refuse(identity, "bad_hello", refused, hello.KIND)
             return

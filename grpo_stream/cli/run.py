@@ -57,7 +57,9 @@ def run(
         help="generator test hook: run this many times slower and report a slower device.",
     ),
     client_name: str = typer.Option(
-        "client", "--client-name", help="Which key pair in --keys-dir this service uses."
+        None,
+        "--client-name",
+        help="Which key pair in --keys-dir this service uses (default: its role's).",
     ),
     secret_file: Path = typer.Option(
         None, "--secret-file", help="The run's secret (RUN_DIR/secret): signs every Hello."
@@ -98,8 +100,12 @@ def run(
     if config is not None or overrides:
         fail(f"{service} takes its config from the hub: give --config/--set to the grouper")
     _check_secret(secret_file)
+    if keys_dir is not None and client_name is None:  # `keys init` writes one per role
+        from grpo_stream.transport.curve import client_key_name
+
+        client_name = client_key_name(keys_dir, service)
     security = SecuritySettings(
-        curve=keys_dir is not None, keys_dir=keys_dir, client_name=client_name,
+        curve=keys_dir is not None, keys_dir=keys_dir, client_name=client_name or "client",
         secret_file=secret_file,
     )  # fmt: skip
     transport = TransportSettings()

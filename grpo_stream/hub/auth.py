@@ -1,4 +1,5 @@
-"""Hello authentication with the run's shared secret (roles without CURVE).
+"""Who may say Hello in which role: the run's shared secret (without CURVE) and, under
+CURVE, the role of the key a peer authenticated with (`KeyRoles`).
 
 `up` writes RUN_DIR/secret (32 random bytes as hex, mode 0600) and gives its path to every
 service it starts (`--secret-file`; the hub reads `security.secret_file` from the run config).
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 from grpo_stream.protocols import messages as m
+from grpo_stream.transport.settings import SecuritySettings
 
 TAG = "v1"
 MAX_AGE_S = 300.0
@@ -131,3 +133,33 @@ class HelloAuth:
 def hello_auth(secret_file: Path | None) -> HelloAuth | None:
     """The hub's checker for `security.secret_file` (None: Hellos are not authenticated)."""
     return None if secret_file is None else HelloAuth(load_secret(secret_file))
+
+
+class KeyRoles:
+    """Under CURVE: the role each allowed client key was made for (`keys init`); a Hello must
+    claim its key's role. A key without a role may only ask for status. Not enforced for a
+    keys directory from before roles (no key has one)."""
+
+    def __init__(self, roles: dict[str, str | None]) -> None:
+        self._roles = roles
+        self.enforced = any(role is not None for role in roles.values())
+
+    def check(self, service: str, user_id: str | None) -> str | None:
+        """None if the key `user_id` (ZAP User-Id: its z85 public key) may be a `service`."""
+        if not self.enforced:
+            return None
+        role = self._roles.get(user_id or "")
+        if role is None:
+            return f"key {user_id} has no role here: it may only ask for status"
+        if role != service:
+            return f"a {role} key cannot say Hello as a {service}"
+        return None
+
+
+def key_roles(security: SecuritySettings) -> KeyRoles | None:
+    """The hub's role check for `security` (None without CURVE)."""
+    if not security.curve or security.keys_dir is None:
+        return None
+    from grpo_stream.transport.curve import key_roles as read
+
+    return KeyRoles(read(security.keys_dir))

@@ -6,6 +6,7 @@ the shared rate limiter. Each check returns None (accepted) or the refusal's rea
 
 What a stranger can no longer do (without CURVE, any process on the network can connect):
 - say Hello in any role, when the hub has the run's secret (`up` always gives it one);
+- under CURVE, say Hello in a role other than its key's (`keys init` writes one per role);
 - send a Scored whose rewards do not match the group's G completions (crashed the hub);
 - ask for a batch of a step or version the trainer cannot have reached (froze the run);
 - say Hello as a second rank-0 trainer while the trainer is alive, to point every
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_stream.hub.auth import HelloAuth
+from grpo_stream.hub.auth import HelloAuth, KeyRoles
 from grpo_stream.hub.registry import Registry
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.protocols import messages as m
@@ -34,11 +35,20 @@ def check_role(service: str, msg: m.Message) -> str | None:
     return None
 
 
-def check_hello(hello: m.Hello, registry: Registry, auth: HelloAuth | None = None) -> str | None:
-    """Signed with the run's secret when the hub has one (`grpo_stream.hub.auth`); endpoints
-    come only from the one live rank-0 trainer."""
+def check_hello(
+    hello: m.Hello,
+    registry: Registry,
+    auth: HelloAuth | None = None,
+    roles: KeyRoles | None = None,
+    user_id: str | None = None,
+) -> str | None:
+    """Signed with the run's secret when the hub has one, claiming the role of the CURVE key
+    `user_id` it came with (`grpo_stream.hub.auth`); endpoints come only from the one live
+    rank-0 trainer."""
     if auth is not None and (unsigned := auth.check(hello)) is not None:
         return unsigned
+    if roles is not None and (wrong := roles.check(hello.service, user_id)) is not None:
+        return wrong
     if hello.service != "trainer" or hello.rank != 0:
         if hello.endpoints:
             return f"only the rank-0 trainer announces endpoints, not {hello.service}"

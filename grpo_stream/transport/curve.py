@@ -3,7 +3,9 @@
 Layout of a keys directory (written by `grpo-stream keys init DIR`):
 
     DIR/server.key, DIR/server.key_secret      the key pair of every binding socket
-    DIR/<name>.key, DIR/<name>.key_secret      client key pairs ("client" by default)
+    DIR/<role>.key, DIR/<role>.key_secret      one client pair per role (ROLES), its role in
+                                               the key's metadata
+    DIR/client.key, DIR/client.key_secret      a client pair without a role (`status`)
     DIR/authorized/<name>.key                  public keys of the clients allowed in
 
 Invariants:
@@ -13,12 +15,14 @@ Invariants:
   `stop_authenticator`) admits only the public keys found in DIR/authorized when it started,
   so a key added later takes effect when the serving process restarts.
 - Secret key files are written with mode 0600.
+- A hub maps each authenticated client key to the role in its metadata (`key_roles`) and
+  refuses a Hello claiming another role (grpo_stream.hub.auth.KeyRoles); a key without a role
+  may only ask for status. A keys directory from before roles (no key has one) is not checked.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import threading
 from pathlib import Path
 
@@ -34,10 +38,13 @@ log = structlog.get_logger()
 
 SERVER = "server"
 DEFAULT_CLIENT = "client"
+ROLES = ("trainer", "generator", "scorer", "evaluator")
+"""The client roles `keys init` writes a key pair for (the hub holds the server pair)."""
 AUTHORIZED = "authorized"
 ZAP_DOMAIN = "grpo-stream"
 """Our sockets' ZAP domain; the authenticator's allow-list is registered under it."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_ROLE_LINE = re.compile(r"^\s+role = ([A-Za-z]+)\s*$", re.MULTILINE)
 
 _lock = threading.Lock()
 _authenticators: dict[int, tuple[zmq.Context[zmq.Socket[bytes]], ThreadAuthenticator]] = {}
@@ -58,25 +65,51 @@ def init_keys(directory: Path, force: bool = False) -> None:
     zmq.auth.create_certificates(str(directory), SERVER)
     _private(directory, SERVER)
     add_client(directory, DEFAULT_CLIENT, force=True)
+    for role in ROLES:
+        add_client(directory, role, force=True, role=role)
 
 
-def add_client(directory: Path, name: str, force: bool = False) -> Path:
-    """Write a client key pair `name` and allow it; returns the public key's allow-list path."""
+def add_client(directory: Path, name: str, force: bool = False, role: str | None = None) -> Path:
+    """Write a client key pair `name` (for `role`: None, status only) and allow it; returns
+    the public key's allow-list path."""
     directory = Path(directory)
     if not _NAME.match(name) or name == SERVER:
         raise KeysError(
             f"invalid client name {name!r}: use letters, digits, - and _ (not 'server')"
         )
+    if role is not None and role not in ROLES:
+        raise KeysError(f"invalid role {role!r}: choose one of {', '.join(ROLES)}")
     authorized = directory / AUTHORIZED
     if not authorized.is_dir():
         raise KeysError(f"{directory} has no {AUTHORIZED}/ (run `grpo-stream keys init` first)")
     if (directory / f"{name}.key").exists() and not force:
         raise KeysError(f"client key {name!r} already exists in {directory}")
-    public, _secret = zmq.auth.create_certificates(str(directory), name)
+    meta = None if role is None else {"role": role}
+    public, _secret = zmq.auth.create_certificates(str(directory), name, metadata=meta)
     _private(directory, name)
     allowed = authorized / f"{name}.key"
-    shutil.copyfile(public, allowed)
+    text = Path(public).read_text()
+    if role is not None:  # the hub reads a client's role from its allow-list entry
+        text = text.replace("\nmetadata\n", f"\nmetadata\n    role = {role}\n", 1)
+    allowed.write_text(text)
     return allowed
+
+
+def key_roles(directory: Path) -> dict[str, str | None]:
+    """The allowed clients' public keys (z85, the ZAP User-Id) -> the role in their metadata
+    (None: no role)."""
+    roles: dict[str, str | None] = {}
+    for path in sorted((Path(directory) / AUTHORIZED).glob("*.key")):
+        public, _ = zmq.auth.load_certificate(str(path))
+        found = _ROLE_LINE.search(path.read_text())
+        roles[public.decode("ascii")] = None if found is None else found.group(1)
+    return roles
+
+
+def client_key_name(directory: Path, service: str) -> str:
+    """The key pair a `service` uses by default: its role's, or `client` in a keys directory
+    written before roles."""
+    return service if (Path(directory) / f"{service}.key_secret").exists() else DEFAULT_CLIENT
 
 
 def _keys_dir(security: SecuritySettings) -> Path:

@@ -170,6 +170,10 @@ class Server(_Endpoint):
         secure_server(ctx, self.socket, security)
         self.address = _bind(self.socket, bind, name)
         log.info("transport.bound", socket=name, type="router", address=self.address)
+        self._curve = security.curve
+        self.last_user_id: str | None = None
+        """Under CURVE, the public key (z85) the last received message's sender authenticated
+        with (ZAP User-Id); None without CURVE."""
 
     def recv(self, timeout_ms: int) -> tuple[bytes, Message] | None:
         """(identity, message), or None on timeout or after rejecting a malformed message."""
@@ -177,6 +181,7 @@ class Server(_Endpoint):
         if frames is None:
             return None
         identity = frames[0].bytes
+        self.last_user_id = str(frames[-1].get("User-Id")) if self._curve else None
         msg = self._decode(frames[1:], identity)
         if isinstance(msg, ProtocolError):
             self.send(identity, Error(code=msg.code, message=str(msg), in_reply_to=msg.kind))

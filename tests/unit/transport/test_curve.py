@@ -9,7 +9,7 @@ import pytest
 import zmq.auth
 
 from grpo_stream.protocols.messages import StatusRequest
-from grpo_stream.transport.curve import add_client, init_keys
+from grpo_stream.transport.curve import ROLES, add_client, init_keys, key_roles
 from grpo_stream.transport.errors import KeysError
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, Context, Server
@@ -30,9 +30,19 @@ def _secure(keys: Path, name: str = "client") -> SecuritySettings:
 
 def test_init_writes_pairs_and_allow_list(keys: Path) -> None:
     names = sorted(p.name for p in keys.iterdir())
-    assert names == ["authorized", "client.key", "client.key_secret", "server.key",
-                     "server.key_secret"]  # fmt: skip
-    assert [p.name for p in (keys / "authorized").iterdir()] == ["client.key"]
+    clients = ["client", *ROLES]
+    pairs = [f"{n}{ext}" for n in [*clients, "server"] for ext in (".key", ".key_secret")]
+    assert names == sorted(["authorized", *pairs])
+    assert sorted(p.name for p in (keys / "authorized").iterdir()) == sorted(
+        f"{n}.key" for n in clients
+    )
+
+
+def test_init_writes_one_key_per_role_and_a_role_less_client(keys: Path) -> None:
+    roles = key_roles(keys)
+    assert sorted(roles.values(), key=str) == sorted([None, *ROLES], key=str)
+    trainer_public, _ = zmq.auth.load_certificate(str(keys / "trainer.key"))
+    assert roles[trainer_public.decode()] == "trainer"
 
 
 def test_secret_keys_are_private(keys: Path) -> None:

@@ -53,3 +53,20 @@ def test_keys_add_rejects_bad_name(tmp_path: Path) -> None:
     result = runner.invoke(app, ["keys", "add", str(tmp_path), "../evil"])
     assert result.exit_code != 0
     assert "invalid client name" in result.stderr
+
+
+def test_keys_add_with_a_role_allows_that_role_only(tmp_path: Path) -> None:
+    from grpo_stream.transport.curve import key_roles
+
+    runner.invoke(app, ["keys", "init", str(tmp_path)])
+    result = runner.invoke(app, ["keys", "add", str(tmp_path), "host2", "--role", "generator"])
+    assert result.exit_code == 0, result.output
+    public = (tmp_path / "host2.key").read_text().split('public-key = "')[1].split('"')[0]
+    assert key_roles(tmp_path)[public] == "generator"
+
+
+def test_keys_add_with_an_unknown_role_fails_with_one_line(tmp_path: Path) -> None:
+    runner.invoke(app, ["keys", "init", str(tmp_path)])
+    result = runner.invoke(app, ["keys", "add", str(tmp_path), "host2", "--role", "admin"])
+    assert result.exit_code != 0
+    assert "invalid role 'admin'" in result.stderr and result.stderr.strip().count("\n") == 0
