@@ -19,7 +19,9 @@ ranks run torchrun multi-node, rendezvous on the first of them (grpo_stream.laun
 
 Invariants: exactly one host runs the hub; the hub and the first trainer host bind an
 address the other hosts reach and advertise `address`; the hub's host shares the run
-directory with the machine running `up` (it reads RUN_DIR/hub.addr there). A bad file raises
+directory with the machine running `up` (it reads RUN_DIR/hub.addr there); every host reads
+the run's secret at the path `up` gives (`--secret-file RUN_DIR/secret`: a shared run
+directory), or its services exit with one line naming the file. A bad file raises
 ClusterError with one line naming the field.
 """
 
