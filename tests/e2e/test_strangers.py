@@ -8,6 +8,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
@@ -20,11 +21,13 @@ from .conftest import Run, hub_events
 STEPS = 4
 
 
-def _ask(run_dir: Path, *msgs: m.Message) -> list[m.Message | None]:
+def _ask(run_dir: Path, *msgs: m.Message, identity: str = "") -> list[m.Message | None]:
     """Send each message on one stranger connection; the hub's reply to each (None: none)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if identity:
+        sock.setsockopt(zmq.IDENTITY, identity.encode())
     sock.connect((run_dir / "hub.addr").read_text().strip())
     replies: list[m.Message | None] = []
     try:
@@ -66,6 +69,23 @@ def test_a_stranger_without_the_secret_cannot_say_hello_as_the_trainer(live: Run
     replies = _ask(live.run_dir, _trainer_hello(), forged)
     assert [type(r) for r in replies] == [m.Error, m.Error]
     assert all(isinstance(r, m.Error) and r.code == "bad_hello" for r in replies)
+
+
+@pytest.mark.slow
+def test_a_strangers_batch_request_and_short_scored_are_refused_unregistered(live: Run) -> None:
+    huge = m.BatchRequest(step=10**6, trainer_version=10**6)  # froze the run before
+    short = m.Scored(lease_id=1, group_id=0, rewards=np.zeros(3, np.float32),
+                     component_names=["r"], components=np.zeros((1, 3), np.float32),
+                     errors=[])  # fmt: skip  # 3 rewards for G=4: crashed the hub before
+    replies = _ask(live.run_dir, huge, short)
+    assert all(isinstance(r, m.Error) and r.code == "unregistered" for r in replies), replies
+
+
+@pytest.mark.slow
+def test_a_stranger_with_the_trainers_identity_gets_nothing(live: Run) -> None:
+    # the hub's ROUTER refuses a second connection with a live identity (no handover)
+    replies = _ask(live.run_dir, m.BatchRequest(step=0, trainer_version=0), identity="trainer-0")
+    assert replies == [None]
 
 
 @pytest.mark.slow
