@@ -64,7 +64,7 @@ def trainer(ns: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     batches = [make_batch(_args(ns), s, ns.sequences) for s in range(ns.steps + 1)]
     tokens = sum(len(b.input_ids) for b in batches[1:])
-    for precision in ("fp32", "bf16-mixed"):
+    for precision in ("fp32", "bf16-mixed", "bf16"):
         with tempfile.TemporaryDirectory() as tmp:
             state = _state(ns.model, ns.device, precision, Path(tmp), ns.max_len)
             params = sum(p.numel() for p in state.model.parameters())
@@ -90,6 +90,8 @@ def trainer(ns: argparse.Namespace) -> dict[str, Any]:
             out["parameters"] = params
     a, b = out["fp32"]["losses"][0], out["bf16-mixed"]["losses"][0]
     out["first_loss_rel_diff"] = abs(a - b) / max(abs(a), 1e-12)
+    c = out["bf16"]["losses"][0]
+    out["first_loss_rel_diff_bf16"] = abs(a - c) / max(abs(a), 1e-12)
     return out
 
 

@@ -74,13 +74,15 @@ def row(k, v): print(f"{k:34} {v}")
 print("| check | result |")
 dev = data["fingerprint"].get("devices", [{}])
 row("GPU", dev[0].get("name") if dev else None)
-for p in ("fp32", "bf16-mixed"):
+for p in ("fp32", "bf16-mixed", "bf16"):
     s = t.get(p, {})
     row(f"trainer {p} tokens/s", s.get("tokens_per_s"))
     row(f"trainer {p} peak GiB", s.get("peak_gib"))
     row(f"trainer {p} MFU", s.get("mfu"))
 row("loss rel diff bf16-mixed vs fp32", t.get("first_loss_rel_diff"))
+row("loss rel diff bf16 vs fp32", t.get("first_loss_rel_diff_bf16"))
 row("hf generate", data["generate"].get("generate"))
 row("publish GiB/s", data["publish"].get("publish", {}).get("gib_per_s"))
+row("publish staged (pinned buffer)", data["publish"].get("publish", {}).get("staged"))
 row("up", data["up"].get("up"))
 EOF

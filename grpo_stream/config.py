@@ -206,9 +206,10 @@ class TrainerSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the policy, reference, optimizer state and batches live: auto is cuda:LOCAL_RANK
     when CUDA is visible, else cpu."""
-    precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed"] = "auto"
+    precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16"] = "auto"
     """fp32; bf16-mixed (fp32 weights, bf16 autocast); fp16-mixed (fp16 autocast with a
-    gradient scaler: an overflow skips the step). auto: bf16-mixed on GPUs, fp32 on CPU."""
+    gradient scaler: an overflow skips the step); bf16 (bf16 weights, fp32 moments, Kahan-
+    compensated updates: training/bf16.py). auto: bf16-mixed on GPUs, fp32 on CPU."""
     publish_every: int = Field(1, ge=1)
     """Publish new weights every this many steps."""
     checkpoint_every: int = Field(50, ge=1)

@@ -26,6 +26,10 @@ Invariants:
 - Memory: the snapshot holds a copy of the model's state dict (1x parameters and buffers) and
   of the optimizer state (2x parameters for AdamW), on the parameters' device unless
   `snapshot_on_cpu` (the default); `snapshot_every` trades that copy's time for lost steps.
+- Time: a new snapshot copies into the previous snapshot's tensors (`copy_`) wherever the
+  tensor's name, shape, dtype and device are unchanged, so a per-step restore point allocates
+  nothing after the first (plain tensors only; DTensor shards are cloned as before). The
+  snapshot's tensors never alias the live state: a rollback hands the optimizer a clone.
 """
 
 from __future__ import annotations
@@ -73,6 +77,32 @@ def _clone_tree(obj: Any, device: torch.device | None) -> Any:
     return copy.deepcopy(obj)
 
 
+def _refresh_tree(old: Any, new: Any, device: torch.device | None) -> Any:
+    """`_clone_tree(new, device)`, reusing `old`'s tensors (copied into) where they match."""
+    if isinstance(new, torch.Tensor):
+        if _reusable(old, new, device):
+            return old.copy_(new.detach())
+        return _clone_tree(new, device)
+    if isinstance(new, dict):
+        prev: dict[Any, Any] = old if isinstance(old, dict) else {}
+        return {k: _refresh_tree(prev.get(k), v, device) for k, v in new.items()}
+    if isinstance(new, list | tuple) and isinstance(old, type(new)) and len(old) == len(new):
+        items = [_refresh_tree(o, v, device) for o, v in zip(old, new, strict=True)]
+        return items if isinstance(new, list) else tuple(items)
+    return _clone_tree(new, device)
+
+
+def _reusable(old: Any, new: torch.Tensor, device: torch.device | None) -> bool:
+    """Whether `old` (a previous snapshot's tensor) can take `new`'s values in place."""
+    return (
+        type(old) is torch.Tensor
+        and type(new) is torch.Tensor  # DTensor shards: cloned, never copied across meshes
+        and old.shape == new.shape
+        and old.dtype == new.dtype
+        and old.device == (new.device if device is None else device)
+    )
+
+
 class RollbackGuard:
     """Keeps the last stable state in memory and restores it on a non-finite step."""
 
@@ -105,10 +135,14 @@ class RollbackGuard:
     ) -> None:
         """Copy the current (stable) state as the restore point."""
         device = torch.device("cpu") if self.settings.snapshot_on_cpu else None
+        prev = self._snap
+        self._snap = None  # a failure while copying must not leave a half-written restore point
         self._snap = _Snapshot(
             step=step,
-            model=_clone_tree(model.state_dict(), device),
-            optimizer=_clone_tree(optimizer.state_dict(), device),
+            model=_refresh_tree(prev.model if prev else None, model.state_dict(), device),
+            optimizer=_refresh_tree(
+                prev.optimizer if prev else None, optimizer.state_dict(), device
+            ),
             regularizer=copy.deepcopy(regularizer.state_dict()),
             scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
             rng=_clone_tree(rng_state(), None),

@@ -16,7 +16,7 @@ from grpo_stream.config import ConfigError, RunConfig
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-Mode = Literal["fp32", "bf16-mixed", "fp16-mixed"]
+Mode = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,13 @@ def resolve_precision(setting: str, device: str, cuda: CudaProbe) -> Mode:
         if not gpu:
             return "fp32"
         return "bf16-mixed" if cuda.bf16 else "fp16-mixed"
-    if setting == "bf16-mixed" and gpu and not cuda.bf16:
+    if setting in ("bf16-mixed", "bf16") and gpu and not cuda.bf16:
         raise ConfigError(
-            'trainer.precision = "bf16-mixed" but this GPU has no bfloat16 support '
+            f'trainer.precision = "{setting}" but this GPU has no bfloat16 support '
             '(compute capability < 8.0); set trainer.precision = "fp16-mixed" or "fp32"'
         )
-    if setting == "bf16-mixed":
-        return "bf16-mixed"
+    if setting in ("bf16-mixed", "bf16"):
+        return "bf16-mixed" if setting == "bf16-mixed" else "bf16"
     return "fp16-mixed" if setting == "fp16-mixed" else "fp32"
 
 
@@ -120,7 +120,29 @@ def resolve(
             'trainer.precision = "fp16-mixed" is not supported with trainer.parallel = '
             '"fsdp2"; use "bf16-mixed" or "fp32"'
         )
+    if precision == "bf16":
+        check_bf16(cfg)
     return device, precision
+
+
+def check_bf16(cfg: RunConfig) -> None:
+    """The combinations `trainer.precision = "bf16"` (bf16 weights, KahanAdamW) refuses."""
+    t = cfg.trainer
+    if cfg.model.dtype not in ("auto", "bfloat16"):
+        raise ConfigError(
+            f'trainer.precision = "bf16" trains bfloat16 weights but model.dtype = '
+            f'"{cfg.model.dtype}"; set model.dtype = "auto" or use trainer.precision = "fp32"'
+        )
+    if t.lora.enabled:
+        raise ConfigError(
+            'trainer.precision = "bf16" is not supported with trainer.lora.enabled (the '
+            'adapter would train in bf16); use trainer.precision = "bf16-mixed"'
+        )
+    if t.ranks > 1 and t.parallel == "fsdp2":
+        raise ConfigError(
+            'trainer.precision = "bf16" is not supported with trainer.parallel = "fsdp2"; '
+            'use "bf16-mixed" or trainer.parallel = "ddp"'
+        )
 
 
 def trainer_preflight(

@@ -99,25 +99,30 @@ def plan(lengths: Sequence[int], budget: int, max_seqs: int, pack: bool, width: 
 
 
 def pack_rows(t: Tensors, rows: Rows, pad_id: int) -> Tensors:
-    """The micro-batch of `rows`: its sequences' tensors (S, T) plus their packed rows."""
+    """The micro-batch of `rows`: its sequences' tensors (S, T) plus their packed rows.
+    One scatter per tensor (no per-sequence Python loop: this runs every step)."""
     order = [i for row in rows for i in row]
     seqs = t.select(torch.tensor(order, dtype=torch.long)).trimmed()
-    lengths = seqs.attention_mask.sum(dim=1).tolist()
-    width = max(sum(lengths[s] for s in range(a, a + len(row))) for a, row in _starts(rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (R, W)
-    pos = torch.zeros((len(rows), width), dtype=torch.long)  # (R, W)
-    comp = torch.zeros((len(rows), width), dtype=torch.bool)  # (R, W)
-    index = torch.zeros(seqs.input_ids.shape, dtype=torch.long)  # (S, T) into R*W
-    for r, (first, row) in enumerate(_starts(rows)):
-        offset = 0
-        for s in range(first, first + len(row)):
-            n = int(lengths[s])
-            ids[r, offset : offset + n] = seqs.input_ids[s, :n]
-            pos[r, offset : offset + n] = torch.arange(n)
-            comp[r, offset : offset + n] = seqs.completion_mask[s, :n]
-            index[s, :n] = r * width + offset + torch.arange(n)
-            offset += n
-    seqs.packing = Packing(ids, pos, comp, index)
+    lengths = seqs.attention_mask.sum(dim=1)  # (S,) sequences are right-padded
+    row_of = torch.tensor([r for r, row in enumerate(rows) for _ in row], dtype=torch.long)
+    before = torch.cumsum(lengths, dim=0) - lengths  # (S,) tokens of earlier sequences
+    firsts = torch.tensor([first for first, _ in _starts(rows)], dtype=torch.long)
+    offset = before - before[firsts][row_of]  # (S,) where each sequence starts in its row
+    fills = torch.zeros(len(rows), dtype=torch.long).index_add_(0, row_of, lengths)
+    width = int(fills.max())
+    steps = torch.arange(seqs.input_ids.shape[1])  # (T,)
+    valid = steps < lengths.unsqueeze(1)  # (S, T)
+    target = (row_of * width + offset).unsqueeze(1) + steps  # (S, T) into R*W
+    ids = torch.full((len(rows) * width,), pad_id, dtype=torch.long)
+    pos = torch.zeros(len(rows) * width, dtype=torch.long)
+    comp = torch.zeros(len(rows) * width, dtype=torch.bool)
+    flat = target[valid]
+    ids[flat] = seqs.input_ids[valid].long()
+    pos[flat] = steps.expand_as(valid)[valid]
+    comp[flat] = seqs.completion_mask[valid].bool()
+    index = torch.where(valid, target, 0)
+    shape = (len(rows), width)
+    seqs.packing = Packing(ids.view(shape), pos.view(shape), comp.view(shape), index)
     return seqs
 
 

@@ -3,6 +3,8 @@
 - fp32: nothing changes.
 - bf16-mixed: fp32 weights, gradients and optimizer state; the model's forward runs under
   bf16 autocast on the trainer's device (CPU autocast on a CPU), so does its backward.
+- bf16: the weights themselves are bfloat16 (no autocast); the optimizer is KahanAdamW
+  (training/bf16.py: float32 moments, compensated updates), chosen by TrainState.create.
 - fp16-mixed: fp16 autocast and a gradient scaler: the loss is scaled before backward and
   the gradients unscaled before the regularizer sees them. A step whose gradients
   overflowed is skipped and counted (`overflow_skips`), the scale shrinks; it is not an
@@ -35,7 +37,7 @@ class Precision:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context the model's forward runs in."""
-        if self.mode == "fp32":
+        if self.mode in ("fp32", "bf16"):
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if self.mode == "bf16-mixed" else torch.float16
         return torch.autocast(self.device_type, dtype=dtype)

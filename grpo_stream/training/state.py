@@ -97,6 +97,8 @@ class TrainState:
         # the policy's master weights are float32 in every precision mode unless a dtype is
         # set explicitly ("auto" would mean bfloat16 weights on a GPU)
         dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
+        if mode == "bf16":
+            dtype = "bfloat16"  # bf16 weights; KahanAdamW keeps the moments float32
         model = load_policy(
             str(ckpt) if ckpt and not lora_on else source,
             dtype=dtype,
@@ -121,10 +123,11 @@ class TrainState:
             ref = AdapterDisabled(model)  # the base with the adapter off: no second copy
             log.info("lora.reference_shared", saved_mb=round(ref.saved_bytes / 2**20, 1))
         elif cfg.algo.loss.beta > 0:
-            ref = load_policy(source, dtype=cfg.model.dtype, device=device, trainable=False)
+            ref_dtype = "bfloat16" if mode == "bf16" else cfg.model.dtype
+            ref = load_policy(source, dtype=ref_dtype, device=device, trainable=False)
         t = cfg.trainer
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
-        optimizer = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay)
+        optimizer = _optimizer(trainable, t.lr, t.weight_decay, mode)
         warm = t.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
@@ -395,6 +398,17 @@ class TrainState:
                 with_entropy=False,
             )
         return ref
+
+
+def _optimizer(
+    params: list[torch.Tensor], lr: float, weight_decay: float, mode: str
+) -> torch.optim.Optimizer:
+    """AdamW; in bf16 mode KahanAdamW (float32 moments, compensated bf16 updates)."""
+    if mode == "bf16":
+        from grpo_stream.training.bf16 import KahanAdamW
+
+        return KahanAdamW(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 def init_distributed(backend: str = "gloo") -> tuple[int, int]:

@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,13 +113,33 @@ class DeltaHistory:
         self._built: dict[int, tuple[WeightsChunk, ...] | None] = {}
         self._built_for = -1
         self.wire_bytes: dict[int, int] = {}  # base -> bytes of its delta chunks (stats)
+        self._pending: list[tuple[Snapshot, Snapshot]] = []  # deferred steps, oldest first
+        self._mutex = threading.RLock()  # defer runs on the trainer's thread, the rest on
+        # the server's: the step deltas are computed (XOR + zstd, both free of the GIL) by
+        # whichever thread needs them first, never on the trainer's step path
+
+    def defer(self, prev: Snapshot | None, new: Snapshot) -> None:
+        """Note the step prev -> new; its delta is computed by `settle` (or on first use)."""
+        with self._mutex:
+            self._built.clear()
+            self.wire_bytes.clear()
+            if prev is not None:
+                self._pending.append((prev, new))
+
+    def settle(self) -> None:
+        """Compute every deferred step delta (the weight server's thread calls this when idle)."""
+        with self._mutex:
+            while self._pending:
+                prev, new = self._pending.pop(0)
+                self._record(prev, new)
 
     def record(self, prev: Snapshot | None, new: Snapshot) -> None:
         """Compute and keep the step prev -> new (nothing to record for the first version)."""
-        self._built.clear()
-        self.wire_bytes.clear()
-        if prev is None:
-            return
+        with self._mutex:
+            self.defer(prev, new)
+            self.settle()
+
+    def _record(self, prev: Snapshot, new: Snapshot) -> None:
         if self._steps and self._steps[-1].end != prev.version:
             self._steps.clear()  # a chain that does not lead to prev is of no use
         old = dict(prev.arrays)
@@ -130,10 +151,16 @@ class DeltaHistory:
 
     def bases(self) -> list[int]:
         """The versions a fetcher may hold and get a delta for."""
+        self.settle()
         return [step.start for step in self._steps]
 
     def chunks_from(self, have: int, current: Snapshot) -> tuple[WeightsChunk, ...] | None:
         """The delta chunks from `have` to `current` (None: no chain from `have`)."""
+        with self._mutex:
+            self.settle()
+            return self._chunks_from(have, current)
+
+    def _chunks_from(self, have: int, current: Snapshot) -> tuple[WeightsChunk, ...] | None:
         if self._built_for != current.version:
             self._built.clear()
             self._built_for = current.version

@@ -228,7 +228,8 @@ class WeightServer:
         return None if chunks is None else sum(int(t.nbytes) for c in chunks for t in c.tensors)
 
     def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Snapshot:
-        """Snapshot the tensors, compute the step delta, serve the version, then announce it."""
+        """Snapshot the tensors, serve the version, then announce it; the step delta is
+        computed on the server's thread (when idle, or when a fetcher first needs it)."""
         if not self._thread.is_alive():
             raise WeightsError(f"weight server thread stopped: {self._failure}")
         t0 = time.perf_counter()
@@ -237,8 +238,8 @@ class WeightServer:
         with self._publish_lock:
             with self._lock:
                 prev = self._current
-            if self._weights.deltas:
-                self._history.record(prev, snapshot)
+            if self._weights.deltas:  # computed off this thread (the server's, when idle)
+                self._history.defer(prev, snapshot)
             with self._lock:
                 self._current = snapshot
                 self._trees.clear()
@@ -287,6 +288,8 @@ class WeightServer:
             got = server.recv(BUSY_POLL_MS if streams else IDLE_POLL_MS)
             if got is not None:
                 self._handle(server, streams, *got)
+            elif self._weights.deltas:
+                self._history.settle()  # the new version's step delta, off the trainer's path
             self._pump(server, streams)
 
     def _handle(

@@ -169,3 +169,27 @@ def test_rollback_without_a_snapshot_is_an_error(tiny_model: Any) -> None:
     parts = Parts(tiny_model)
     with pytest.raises(RuntimeError, match="snapshot"):
         parts.rollback(step=0)
+
+
+def test_a_new_snapshot_reuses_the_previous_snapshots_tensors(tiny_model: Any) -> None:
+    parts = Parts(tiny_model)
+    parts.move()
+    parts.snapshot(step=1)
+    first = parts.guard._snap
+    assert first is not None
+    pointers = [t.data_ptr() for t in first.model.values()]
+    moment_ptrs = [s["exp_avg"].data_ptr() for s in first.optimizer["state"].values()]
+    parts.move()
+    parts.snapshot(step=2)  # restore point 2: same buffers, step 2's values
+    second = parts.guard._snap
+    assert second is not None
+    assert [t.data_ptr() for t in second.model.values()] == pointers
+    assert [s["exp_avg"].data_ptr() for s in second.optimizer["state"].values()] == moment_ptrs
+    weights = clone_params(tiny_model)
+    moments = [s["exp_avg"].clone() for s in parts.optimizer.state.values()]
+    parts.move()
+    parts.rollback(step=3)
+    for p, w in zip(tiny_model.parameters(), weights, strict=True):
+        assert torch.equal(p.detach(), w)
+    for s, m in zip(parts.optimizer.state.values(), moments, strict=True):
+        assert torch.equal(s["exp_avg"], m)

@@ -1,0 +1,70 @@
+"""The weight server's step deltas are computed off the publishing (trainer's) thread, and
+a deferred delta is the same delta as one computed at publish time."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_stream.transport import versions
+from grpo_stream.transport.fetch import Replica
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
+from grpo_stream.transport.sockets import Context
+from grpo_stream.transport.versions import DeltaHistory
+from grpo_stream.transport.weights import WeightServer, build_snapshot
+
+LOCAL = "tcp://127.0.0.1:0"
+SETTINGS = TransportSettings(io_timeout_ms=2000, weights_chunk_bytes=16 * 1024)
+
+
+def _weights(step: int) -> list[tuple[str, torch.Tensor]]:
+    """Two bf16 tensors that move a little each step (most bits stay: deltas compress)."""
+    rng = np.random.default_rng(0)
+    base = [torch.from_numpy(rng.normal(size=(64, 64)).astype(np.float32)) for _ in range(2)]
+    return [(f"w{i}", (b + 1e-3 * step * b.sign()).to(torch.bfloat16)) for i, b in enumerate(base)]
+
+
+def test_publish_leaves_the_step_delta_to_another_thread(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    encode = versions.encode_delta
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return encode(*args)
+
+    monkeypatch.setattr(versions, "encode_delta", spy)
+    server = WeightServer(ctx, LOCAL, LOCAL, SETTINGS, SecuritySettings(), WeightsSettings())
+    try:
+        replica = Replica()
+        address = server.addresses["weights"]
+        server.publish(0, _weights(0))
+        replica.fetch(ctx, address, SETTINGS, SecuritySettings(), timeout_s=20)
+        full = replica.last_wire_bytes
+        server.publish(1, _weights(1))
+        assert replica.fetch(ctx, address, SETTINGS, SecuritySettings(), timeout_s=20) == 1
+        assert replica.last_wire_bytes < full  # it still came as a delta
+    finally:
+        server.close()
+    assert threads and threading.main_thread().name not in threads
+
+
+def test_a_deferred_delta_equals_the_delta_recorded_at_once() -> None:
+    a, b, c = (build_snapshot(v, _weights(v), SETTINGS) for v in range(3))
+    eager, deferred = DeltaHistory(4, 3, SETTINGS), DeltaHistory(4, 3, SETTINGS)
+    eager.record(a, b)
+    eager.record(b, c)
+    deferred.defer(a, b)
+    deferred.defer(b, c)
+    assert deferred.bases() == eager.bases() == [0, 1]
+    for have in (0, 1):
+        got, want = deferred.chunks_from(have, c), eager.chunks_from(have, c)
+        assert got is not None and want is not None
+        for x, y in zip(got, want, strict=True):
+            assert x.encodings == y.encodings
+            assert all(np.array_equal(s, t) for s, t in zip(x.tensors, y.tensors, strict=True))
