@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--full-lr", type=float, default=1e-4)
     parser.add_argument("--lora-lrs", type=_floats, default=[1e-3, 2e-3, 3e-3],
                         help="comma-separated LoRA lrs searched")  # fmt: skip
+    parser.add_argument("--lora-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra --set for the LoRA runs")  # fmt: skip
     parser.add_argument("--r", type=int, default=16, help="LoRA rank")
     parser.add_argument("--byte-ranks", type=_ints, default=[4, 8, 16, 32])
     parser.add_argument("--part", choices=["all", "weights", "reward"], default="all")
@@ -237,7 +239,7 @@ def reward_runs(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     common = dict(model=TINY_MODEL, group_size=8, prompts_per_step=16, max_tokens=8,
                   threads=args.threads, seed=args.seed, steps=args.steps)  # fmt: skip
     lora_sets = ["trainer.lora.enabled=true", f"trainer.lora.r={args.r}",
-                 f"trainer.lora.alpha={2 * args.r}"]  # fmt: skip
+                 f"trainer.lora.alpha={2 * args.r}", *args.lora_set]  # fmt: skip
     runs = [("full", args.full_lr, [])] + [("lora", lr, lora_sets) for lr in args.lora_lrs]
     out: dict[str, Any] = {"runs": []}
     for kind, lr, extra in runs:
