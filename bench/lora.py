@@ -1,18 +1,22 @@
 """LoRA vs full fine-tuning: what a version weighs, how fast it is applied, what a trainer
-step costs, and the reward reached at equal steps.
+step and its optimizer cost, and the reward reached at equal steps (with an lr search).
 
-Part 1 (in this process, on the 10x model of bench.vs_trl, built in a temporary directory):
-- bytes per published version (the snapshot the weight server serves), LoRA vs full;
+Part 1 (`--part weights`, in this process, on the 10x model of bench.vs_trl, built in a
+temporary directory):
+- bytes per published version (the snapshot the weight server serves), LoRA vs full, and
+  the adapter's bytes at each of --byte-ranks;
 - publish -> applied seconds: WeightServer.publish, then an hf engine's update_from_server
   over loopback ZeroMQ (median of --repeats), LoRA (merge and unmerged modes) vs full;
-- hf engine generation with the adapter merged vs unmerged (tokens/s);
-- trainer step time (median of --repeats steps on one synthetic batch) and optimizer state
-  bytes (AdamW moments), LoRA vs full.
-Part 2 (`grpo-stream up` on the shipped tiny model, same threads and seed for both): mean
-reward of the first and last --window steps after --steps steps, LoRA (--lora-lr) vs full
-(--full-lr); the LoRA run's gain as a fraction of the full run's gain.
+- hf engine generation with the adapter merged vs unmerged (tokens/s, after one warm-up);
+- trainer step time (median of --repeats steps on one synthetic batch, full and LoRA steps
+  interleaved so that other load on the machine hits both alike), optimizer state bytes
+  (AdamW moments) and rollback snapshot bytes, LoRA vs full.
+Part 2 (`--part reward`, `grpo-stream up` on the shipped tiny model, same threads and seed
+for every run): mean reward of the first and last --window steps after --steps steps, full
+fine-tuning at --full-lr and LoRA at each of --lora-lrs; each LoRA run's gain as a fraction
+of the full run's gain, and the best lr.
 
-Run: flock /tmp/grpo-bench.lock python -m bench.lora [--steps 60] [--skip-reward]
+Run: flock /tmp/grpo-bench.lock python -m bench.lora [--part all|weights|reward] [--steps 60]
 """
 
 from __future__ import annotations
@@ -36,15 +40,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=60, help="up steps per reward run")
     parser.add_argument("--window", type=int, default=10, help="steps averaged for rewards")
     parser.add_argument("--full-lr", type=float, default=1e-4)
-    parser.add_argument("--lora-lr", type=float, default=2e-3)
+    parser.add_argument("--lora-lrs", type=_floats, default=[1e-3, 2e-3, 3e-3],
+                        help="comma-separated LoRA lrs searched")  # fmt: skip
+    parser.add_argument("--lora-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra --set for the LoRA runs")  # fmt: skip
     parser.add_argument("--r", type=int, default=16, help="LoRA rank")
+    parser.add_argument("--byte-ranks", type=_ints, default=[4, 8, 16, 32])
+    parser.add_argument("--part", choices=["all", "weights", "reward"], default="all")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sft-steps", type=int, default=0, help="10x model warm start")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip-reward", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "lora.json")
     return parser.parse_args(argv)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
 
 
 def _config(model: str, run_dir: Path, lora: bool, r: int) -> Any:
@@ -93,30 +109,87 @@ def _optimizer_bytes(optimizer: Any) -> int:
     )
 
 
-def measure_trainer(model: str, work: Path, lora: bool, args: argparse.Namespace) -> dict[str, Any]:
-    """Step time, optimizer bytes, version bytes and publish->applied for one trainer kind."""
+def measure_trainers(model: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Step time, optimizer and rollback snapshot bytes, version bytes and publish->applied
+    for full fine-tuning and LoRA; the two trainers' steps alternate."""
     import torch
 
     from grpo_stream.training.state import TrainState
 
-    state = TrainState.create(_config(model, work / ("lora" if lora else "full"), lora, args.r))
+    states = {kind: TrainState.create(_config(model, work / kind, kind == "lora", args.r))
+              for kind in ("full", "lora")}  # fmt: skip
     batch = _batch(args.seed)
-    times = []
-    for _ in range(args.repeats + 1):  # the first step warms up
-        t0 = time.perf_counter()
-        assert state.train_step(batch).applied
-        times.append(time.perf_counter() - t0)
-    out = {
-        "step_s": statistics.median(times[1:]),
-        "optimizer_bytes": _optimizer_bytes(state.optimizer),
-        "trainable_params": sum(p.numel() for p in state.model.parameters() if p.requires_grad),
-    }
-    modes = [True, False] if lora else [None]
-    for merge in modes:
-        key = "" if merge is None else ("merge_" if merge else "unmerged_")
-        out.update({key + k: v for k, v in _publish_apply(state, model, merge, args).items()})
-    torch.set_num_threads(args.threads)
+    times: dict[str, list[float]] = {kind: [] for kind in states}
+    cpu: dict[str, list[float]] = {kind: [] for kind in states}  # steadier on a shared box
+    for _ in range(args.repeats + 1):  # the first step of each warms up
+        for kind, state in states.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            if not state.train_step(batch).applied:
+                raise RuntimeError(f"{kind}: the synthetic step was not applied")
+            times[kind].append(time.perf_counter() - t0)
+            cpu[kind].append(time.process_time() - c0)
+    out: dict[str, Any] = {}
+    for kind, state in states.items():
+        out[kind] = {
+            "step_s": statistics.median(times[kind][1:]),
+            "step_s_all": times[kind],
+            "step_cpu_s": statistics.median(cpu[kind][1:]),
+            "optimizer_bytes": _optimizer_bytes(state.optimizer),
+            "rollback_snapshot_bytes": state.guard.snapshot_bytes,
+            "state_dict_bytes": _tensor_bytes(state.model.state_dict().values()),
+            "trainable_params": sum(p.numel() for p in state.model.parameters() if p.requires_grad),
+        }
+        modes = [True, False] if kind == "lora" else [None]
+        for merge in modes:
+            key = "" if merge is None else ("merge_" if merge else "unmerged_")
+            measured = _publish_apply(state, model, merge, args)
+            out[kind].update({key + k: v for k, v in measured.items()})
+            torch.set_num_threads(args.threads)
     return out
+
+
+def _tensor_bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def adapter_bytes_by_rank(model: str, ranks: list[int]) -> dict[int, int]:
+    """Bytes of a published adapter version (tensors and manifest) at each rank, default
+    targets, on `model` (loaded in float32 as the trainer does)."""
+    from grpo_stream.models.adapter import LoraSettings
+    from grpo_stream.models.loading import load_policy
+    from grpo_stream.training.lora import wrap_policy
+
+    out = {}
+    for r in ranks:
+        base = load_policy(model, dtype="float32")
+        wrapped, policy = wrap_policy(base, LoraSettings(enabled=True, r=r, alpha=2 * r),
+                                      model, None)  # fmt: skip
+        out[r] = _tensor_bytes(t for _, t in policy.named_weights(wrapped))
+    return out
+
+
+QWEN2_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                tie_word_embeddings=False)  # fmt: skip
+"""Qwen2.5-7B's shapes (from its published config), for the adapter fraction at that size."""
+
+
+def adapter_fraction_7b(r: int) -> dict[str, float]:
+    """Adapter vs model parameters for Qwen2.5-7B's shapes at rank r (default targets),
+    counted from the layers peft builds on the meta device: shapes only, no weights."""
+    import torch
+    from peft import get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_stream.models.adapter import LoraSettings
+    from grpo_stream.training.lora import lora_config
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_7B))
+        total = sum(p.numel() for p in model.parameters())
+        wrapped = get_peft_model(model, lora_config(LoraSettings(enabled=True, r=r)))
+        adapter = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    return {"r": r, "model_params": total, "adapter_params": adapter, "fraction": adapter / total}
 
 
 def _publish_apply(
@@ -145,6 +218,7 @@ def _publish_apply(
             engine.update_from_server(server.addresses["weights"], -1)
             seconds.append(time.perf_counter() - t0)
             size = snapshot.total_bytes
+        engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=1)  # warm-up
         t0 = time.perf_counter()
         groups = engine.generate(PROMPTS, group_size=8, max_tokens=16, temperature=1.0, seed=0)
         gen_s = time.perf_counter() - t0
@@ -161,20 +235,27 @@ def _publish_apply(
 
 
 def reward_runs(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Full fine-tuning at --full-lr, then LoRA at each of --lora-lrs, on the tiny model."""
     common = dict(model=TINY_MODEL, group_size=8, prompts_per_step=16, max_tokens=8,
                   threads=args.threads, seed=args.seed, steps=args.steps)  # fmt: skip
-    full = run_pipeline(
-        "full", work / "up-full", args.steps, pipeline_overrides(lr=args.full_lr, **common)
-    )
-    lora_sets = [*pipeline_overrides(lr=args.lora_lr, **common), "trainer.lora.enabled=true",
-                 f"trainer.lora.r={args.r}", f"trainer.lora.alpha={2 * args.r}"]  # fmt: skip
-    lora = run_pipeline("lora", work / "up-lora", args.steps, lora_sets)
-    out = {}
-    for s in (full, lora):
+    lora_sets = ["trainer.lora.enabled=true", f"trainer.lora.r={args.r}",
+                 f"trainer.lora.alpha={2 * args.r}", *args.lora_set]  # fmt: skip
+    runs = [("full", args.full_lr, [])] + [("lora", lr, lora_sets) for lr in args.lora_lrs]
+    out: dict[str, Any] = {"runs": []}
+    for kind, lr, extra in runs:
+        name = f"{kind} lr={lr:g}"
+        sets = [*pipeline_overrides(lr=lr, **common), *extra]
+        s = run_pipeline(name, work / f"up-{kind}-{lr:g}", args.steps, sets)
         first, last = s.reward_first(args.window), s.reward_last(args.window)
-        out[s.name] = {"reward_first": first, "reward_last": last, "gain": last - first,
-                       "steps_per_s": s.steps_per_s()}  # fmt: skip
-    out["gain_ratio"] = out["lora"]["gain"] / out["full"]["gain"] if out["full"]["gain"] else None
+        out["runs"].append({"kind": kind, "lr": lr, "reward_first": first, "reward_last": last,
+                            "gain": last - first, "steps_per_s": s.steps_per_s(),
+                            "total_s": s.total_s, "rewards": s.rewards})  # fmt: skip
+        print(f"{name}: reward first {first:.3f} last {last:.3f}", flush=True)
+    full_gain = out["runs"][0]["gain"]
+    for run in out["runs"][1:]:
+        run["gain_ratio"] = run["gain"] / full_gain if full_gain > 0 else None
+    best = max(out["runs"][1:], key=lambda run: run["gain"])
+    out.update(best_lora_lr=best["lr"], gain_ratio=best["gain_ratio"])
     return out
 
 
@@ -188,13 +269,14 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
         work = Path(tmp)
-        info = build_10x(TINY_MODEL, work / "model-10x", args.seed, args.sft_steps)
-        print(f"10x model: {json.dumps(info)}", flush=True)
-        results["model_10x"] = info
-        full = measure_trainer(info["path"], work, False, args)
-        lora = measure_trainer(info["path"], work, True, args)
-        results.update(full=full, lora=lora)
-        if not args.skip_reward:
+        if args.part in ("all", "weights"):
+            info = build_10x(TINY_MODEL, work / "model-10x", args.seed, args.sft_steps)
+            print(f"10x model: {json.dumps(info)}", flush=True)
+            results["model_10x"] = info
+            results.update(measure_trainers(info["path"], work, args))
+            results["adapter_bytes_by_rank"] = adapter_bytes_by_rank(info["path"], args.byte_ranks)
+            results["qwen2_7b_shapes"] = adapter_fraction_7b(args.r)
+        if args.part in ("all", "reward"):
             results["reward"] = reward_runs(work, args)
     results["environment"] = environment()
     write_json(args.out, results)
@@ -202,6 +284,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def report(r: dict[str, Any]) -> None:
+    if "full" in r:
+        report_weights(r)
+    if "reward" in r:
+        report_reward(r["reward"])
+
+
+def report_weights(r: dict[str, Any]) -> None:
     full, lora = r["full"], r["lora"]
     rows = [
         ("bytes per version", full["version_bytes"], lora["merge_version_bytes"]),
@@ -213,23 +302,39 @@ def report(r: dict[str, Any]) -> None:
          lora["merge_generate_tokens_per_s"]),
         ("hf generate tokens/s (unmerged)", full["generate_tokens_per_s"],
          lora["unmerged_generate_tokens_per_s"]),
-        ("trainer step s", full["step_s"], lora["step_s"]),
+        ("trainer step s (wall)", full["step_s"], lora["step_s"]),
+        ("trainer step s (process CPU)", full["step_cpu_s"], lora["step_cpu_s"]),
         ("optimizer state bytes", full["optimizer_bytes"], lora["optimizer_bytes"]),
+        ("rollback snapshot bytes", full["rollback_snapshot_bytes"],
+         lora["rollback_snapshot_bytes"]),
         ("trainable parameters", full["trainable_params"], lora["trainable_params"]),
     ]  # fmt: skip
-    print(f"{'':34} {'full':>14} {'lora':>14} {'lora/full':>10}")
+    print(f"{'10x model':34} {'full':>14} {'lora':>14} {'lora/full':>10}")
     for name, a, b in rows:
         print(f"{name:34} {a:14.4g} {b:14.4g} {b / a:10.3f}")
-    if "reward" in r:
-        w = r["reward"]
-        for kind in ("full", "lora"):
-            k = w[kind]
-            print(f"reward {kind}: first {k['reward_first']:.3f} last {k['reward_last']:.3f} "
-                  f"gain {k['gain']:.3f} ({k['steps_per_s']:.2f} steps/s)")  # fmt: skip
-    ratio = lora["merge_version_bytes"] / full["version_bytes"]
-    gain = r.get("reward", {}).get("gain_ratio")
-    gain_text = "n/a" if gain is None else f"{gain:.2f} (goal >= 0.80)"
-    print(f"lora/full bytes per version {ratio:.3f} (goal <= 0.05); reward gain ratio {gain_text}")
+    for rank, size in r["adapter_bytes_by_rank"].items():
+        ratio = size / full["version_bytes"]
+        mark = "meets" if ratio <= 0.05 else "misses"
+        print(f"adapter r={rank:<3} {size:12d} bytes = {ratio:.3f} of full ({mark} <= 0.05)")
+    q = r["qwen2_7b_shapes"]
+    print(
+        f"Qwen2.5-7B shapes, r={q['r']}: adapter {q['adapter_params']:.4g} of "
+        f"{q['model_params']:.4g} parameters = {q['fraction']:.4f} (bytes alike, one dtype)"
+    )
+
+
+def report_reward(w: dict[str, Any]) -> None:
+    print(f"{'tiny model, up':24} {'lr':>8} {'first':>7} {'last':>7} {'gain':>7} "
+          f"{'vs full':>8} {'steps/s':>8}")  # fmt: skip
+    for run in w["runs"]:
+        ratio = run.get("gain_ratio")
+        ratio_text = "" if ratio is None else f"{ratio:8.2f}"
+        print(f"{run['kind']:24} {run['lr']:8.0e} {run['reward_first']:7.3f} "
+              f"{run['reward_last']:7.3f} {run['gain']:7.3f} {ratio_text:>8} "
+              f"{run['steps_per_s']:8.2f}")  # fmt: skip
+    ratio = w["gain_ratio"]
+    text = "n/a" if ratio is None else f"{ratio:.2f}"
+    print(f"best LoRA lr {w['best_lora_lr']:g}: reward gain {text} of full (goal >= 0.80)")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from grpo_stream.algo.settings import AlgoSettings
 from grpo_stream.evaluator.settings import EvalSettings, check_eval_config
 from grpo_stream.hardware.settings import HardwareSettings
-from grpo_stream.models.adapter import LoraSettings
+from grpo_stream.models.adapter import LORA_LR, LoraSettings
 from grpo_stream.tasks.settings import TaskSettings
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 
@@ -183,7 +183,7 @@ class TrainerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate."""
+    """AdamW learning rate. Not given and trainer.lora.enabled: models.adapter.LORA_LR (2e-3)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     warmup_steps: int = Field(0, ge=0)
@@ -240,6 +240,13 @@ class TrainerSettings(BaseModel):
     """Test hook: inject a NaN into the loss at this step to exercise rollback."""
     lora: LoraSettings = LoraSettings()
     """LoRA: train and publish a peft adapter instead of all weights."""
+
+    @model_validator(mode="after")
+    def _lora_lr(self) -> TrainerSettings:
+        """LoRA needs a higher lr than full fine-tuning: LORA_LR unless trainer.lr is given."""
+        if self.lora.enabled and "lr" not in self.model_fields_set:
+            self.lr = LORA_LR
+        return self
 
 
 class RunConfig(BaseModel):

@@ -23,13 +23,17 @@ Invariants:
   all), so every rank rolls back together.
 - Under FSDP2 the state dicts hold DTensors: cloning one copies this rank's shard only (no
   communication), so each rank snapshots and restores its own shard.
-- Memory: the snapshot holds a copy of the model's state dict (1x parameters and buffers) and
-  of the optimizer state (2x parameters for AdamW), on the parameters' device unless
-  `snapshot_on_cpu` (the default); `snapshot_every` trades that copy's time for lost steps.
 - Time: a new snapshot copies into the previous snapshot's tensors (`copy_`) wherever the
   tensor's name, shape, dtype and device are unchanged, so a per-step restore point allocates
   nothing after the first (plain tensors only; DTensor shards are cloned as before). The
   snapshot's tensors never alias the live state: a rollback hands the optimizer a clone.
+- Memory: the snapshot holds a copy of the model's state dict less its frozen parameters
+  (1x the trainable parameters, plus buffers) and of the optimizer state (2x the trainable
+  parameters for AdamW), on the parameters' device unless `snapshot_on_cpu` (the default);
+  `snapshot_every` trades that copy's time for lost steps. Frozen parameters (requires_grad
+  False: the base model under LoRA) are neither copied nor restored, since no step changes
+  them; with every parameter trainable (full fine-tuning) the copy is the whole state dict
+  and the restore is strict.
 """
 
 from __future__ import annotations
@@ -61,6 +65,36 @@ class _Snapshot:
     regularizer: dict[str, Any]
     scheduler: dict[str, Any] | None
     rng: dict[str, Any]
+
+
+def frozen_names(model: torch.nn.Module) -> set[str]:
+    """State-dict names of the parameters that do not require grad (tied names included)."""
+    return {
+        name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad
+    }
+
+
+def restorable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict less its frozen parameters (not copies): what a rollback
+    restores."""
+    frozen = frozen_names(model)
+    return {k: v for k, v in model.state_dict().items() if k not in frozen}
+
+
+def load_restorable(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a `restorable_state`: strict when nothing is frozen, else every key but the
+    frozen ones must be there."""
+    frozen = frozen_names(model)
+    if not frozen:
+        model.load_state_dict(state)
+        return
+    result = model.load_state_dict(state, strict=False)
+    missing = set(result.missing_keys) - frozen
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"rollback snapshot does not fit the model: missing {sorted(missing)[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]}"
+        )
 
 
 def _clone_tree(obj: Any, device: torch.device | None) -> Any:
@@ -103,6 +137,17 @@ def _reusable(old: Any, new: torch.Tensor, device: torch.device | None) -> bool:
     )
 
 
+def _tree_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nest of dicts/lists/tuples."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tree_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tree_bytes(v) for v in obj)
+    return 0
+
+
 class RollbackGuard:
     """Keeps the last stable state in memory and restores it on a non-finite step."""
 
@@ -119,6 +164,13 @@ class RollbackGuard:
     def snapshot_step(self) -> int | None:
         """Step of the state a rollback would restore (None before the first snapshot)."""
         return None if self._snap is None else self._snap.step
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Bytes of the restore point's model and optimizer tensors (0 before the first)."""
+        if self._snap is None:
+            return 0
+        return _tree_bytes(self._snap.model) + _tree_bytes(self._snap.optimizer)
 
     @property
     def lr_scale(self) -> float:
@@ -139,7 +191,7 @@ class RollbackGuard:
         self._snap = None  # a failure while copying must not leave a half-written restore point
         self._snap = _Snapshot(
             step=step,
-            model=_refresh_tree(prev.model if prev else None, model.state_dict(), device),
+            model=_refresh_tree(prev.model if prev else None, restorable_state(model), device),
             optimizer=_refresh_tree(
                 prev.optimizer if prev else None, optimizer.state_dict(), device
             ),
@@ -212,7 +264,7 @@ class RollbackGuard:
             )
         pre_lrs = [group["lr"] for group in optimizer.param_groups]
         pre_tau = regularizer.tau
-        model.load_state_dict(self._snap.model)
+        load_restorable(model, self._snap.model)
         # load_state_dict may keep the tensors it is given: hand it a copy, keep the snapshot
         optimizer.load_state_dict(_clone_tree(self._snap.optimizer, None))
         reg_state = dict(self._snap.regularizer)

@@ -34,6 +34,9 @@ PEFT_PREFIX = "base_model.model."
 """Prefix of every tensor name in PEFT's adapter file format."""
 FINGERPRINT_VALUES = 256
 """Leading values of each base tensor that enter the fingerprint."""
+LORA_LR = 2e-3
+"""trainer.lr when trainer.lora.enabled and trainer.lr is not given: the best of the lrs
+searched by bench.lora on the embedded task (r 16, alpha 32; bench/results/lora_reward.json)."""
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 """Attention and MLP projections of Llama/Qwen/Mistral-style decoders."""
 

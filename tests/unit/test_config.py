@@ -103,3 +103,22 @@ def test_top_p_below_one_is_refused_with_one_line() -> None:
     with pytest.raises(ConfigError, match=r"generator: .*top_p < 1 is not supported") as err:
         load_config(None, ["generator.top_p=0.9"])
     assert "\n" not in str(err.value)
+
+
+def test_lora_without_an_lr_trains_at_the_lora_lr() -> None:
+    from grpo_stream.models.adapter import LORA_LR
+
+    assert load_config(None, ["trainer.lora.enabled=true"]).trainer.lr == LORA_LR
+    assert load_config(None, []).trainer.lr == 1e-4  # full fine-tuning keeps its default
+
+
+def test_lora_with_an_lr_given_keeps_it() -> None:
+    assert load_config(None, ["trainer.lora.enabled=true", "trainer.lr=5e-4"]).trainer.lr == 5e-4
+
+
+def test_the_resolved_file_of_a_lora_run_has_the_same_lr_and_digest(tmp_path: Path) -> None:
+    cfg = load_config(None, ["trainer.lora.enabled=true"])
+    path = tmp_path / "config.toml"
+    path.write_text(cfg.to_toml())
+    again = load_config(path)
+    assert (again.trainer.lr, again.digest()) == (cfg.trainer.lr, cfg.digest())

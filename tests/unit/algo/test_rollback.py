@@ -193,3 +193,39 @@ def test_a_new_snapshot_reuses_the_previous_snapshots_tensors(tiny_model: Any) -
         assert torch.equal(p.detach(), w)
     for s, m in zip(parts.optimizer.state.values(), moments, strict=True):
         assert torch.equal(s["exp_avg"], m)
+
+
+def _bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_snapshot_of_full_fine_tuning_is_the_whole_state_dict_and_moments(
+    tiny_model: Any,
+) -> None:
+    parts = Parts(tiny_model)
+    parts.move()
+    parts.snapshot(step=1)
+    moments = [v for s in parts.optimizer.state.values() for v in s.values()]
+    expected = _bytes(tiny_model.state_dict().values()) + _bytes(moments)
+    assert parts.guard.snapshot_bytes == expected
+
+
+def test_frozen_parameters_are_neither_copied_nor_restored(tiny_model: Any) -> None:
+    frozen = [p for n, p in tiny_model.named_parameters() if "mlp" not in n]
+    for p in frozen:
+        p.requires_grad_(False)
+    parts = Parts(tiny_model)
+    parts.move()
+    parts.snapshot(step=1)
+    trainable = [p for p in tiny_model.parameters() if p.requires_grad]
+    moments = [v for s in parts.optimizer.state.values() for v in s.values()]
+    assert parts.guard.snapshot_bytes == _bytes(trainable) + _bytes(moments)
+    weights = clone_params(tiny_model)
+    parts.move()
+    with torch.no_grad():
+        frozen[0].add_(1.0)  # no step changes a frozen tensor; a rollback leaves it alone
+    parts.rollback(step=2)
+    for p, w in zip(tiny_model.parameters(), weights, strict=True):
+        if p.requires_grad:
+            assert torch.equal(p.detach(), w)
+    assert torch.equal(frozen[0].detach(), weights[0] + 1.0)

@@ -144,3 +144,13 @@ def test_off_policy_default_grid_is_reduced_and_full_is_the_whole_grid(
     assert len(full) == 4 * len(mod.MODES) * 2
     for mode in mod.MODES:  # every compared correction is a valid setting
         assert load_config(None, [f'algo.loss.off_policy="{mode}"']).algo.loss.off_policy == mode
+
+
+def test_lora_searches_the_lrs_given_as_a_comma_list(bench: Callable[[str], ModuleType]) -> None:
+    args = bench("lora").parse_args(["--lora-lrs", "1e-3,4e-3", "--part", "reward"])
+    assert (args.lora_lrs, args.part) == ([1e-3, 4e-3], "reward")
+
+
+def test_lora_rejects_an_unknown_part(bench: Callable[[str], ModuleType]) -> None:
+    with pytest.raises(SystemExit):
+        bench("lora").parse_args(["--part", "both"])

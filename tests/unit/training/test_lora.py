@@ -164,6 +164,18 @@ def test_rollback_restores_the_adapter(tmp_path: Path) -> None:
     assert state.train_step(_batch(1)).applied
 
 
+def test_rollback_snapshot_holds_the_adapter_and_its_moments_not_the_base(
+    tmp_path: Path,
+) -> None:
+    state = TrainState.create(_config(tmp_path))
+    assert state.train_step(_batch(0)).applied  # takes the restore point
+    adapter = [p for p in state.model.parameters() if p.requires_grad]
+    moments = [v for s in state.optimizer.state.values() for v in s.values()]
+    size = sum(t.numel() * t.element_size() for t in [*adapter, *moments])
+    base = sum(p.numel() * p.element_size() for p in state.model.parameters())
+    assert state.guard.snapshot_bytes == size < base
+
+
 def test_target_modules_naming_nothing_is_one_line_naming_the_setting(tmp_path: Path) -> None:
     cfg = _config(tmp_path, 'trainer.lora.target_modules=["nope_proj"]')
     with pytest.raises(AdapterError, match=r"trainer\.lora\.target_modules") as err:
