@@ -93,14 +93,20 @@ class _Endpoint:
 
     def __init__(self, ctx: Context, socket_type: int, settings: TransportSettings, name: str):
         self.name = name
-        self.settings = settings
         self.rejected: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
+        self._throttle = RateLimit(LOG_EVERY_S)
+        self.socket: Socket = ctx.socket(socket_type)
+        self.apply(settings)
+
+    def apply(self, settings: TransportSettings) -> None:
+        """Use `settings` from now on (a service adopts the hub's on Welcome). libzmq applies
+        HWM, LINGER and the timeouts to live connections too; MAXMSGSIZE only to connections
+        made after this call, so on a live one the codec's limits below are what changes."""
+        self.settings = settings
         self._limits = Limits(
             max_message_bytes=settings.max_message_bytes, max_frame_bytes=settings.max_frame_bytes
         )
-        self._throttle = RateLimit(LOG_EVERY_S)
-        self.socket: Socket = ctx.socket(socket_type)
         _configure(self.socket, settings)
 
     def _decode(self, frames: list[zmq.Frame], peer: bytes | None) -> Message | ProtocolError:
@@ -139,17 +145,67 @@ class _Endpoint:
         self.socket.close(linger=self.settings.linger_ms)
 
 
-def _bind(sock: Socket, address: str, name: str) -> str:
-    try:
-        sock.bind(address)
-    except zmq.ZMQError as exc:
-        sock.close(linger=0)
-        raise TransportError(f"{name}: cannot bind {address}: {exc}") from exc
-    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)  # resolves port 0
-    return endpoint
+Options = list[tuple[int, int | bytes]]
+"""Socket options a wrapper sets before it binds or connects, each with its reason beside it."""
 
 
-class Server(_Endpoint):
+class _Bound(_Endpoint):
+    """A socket that binds (CURVE server side); `.address` is the bound one (port 0 resolved)."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        socket_type: int,
+        bind: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        name: str,
+        options: Options,
+    ) -> None:
+        super().__init__(ctx, socket_type, settings, name)
+        for option, value in options:
+            self.socket.setsockopt(option, value)
+        secure_server(ctx, self.socket, security)
+        try:
+            self.socket.bind(bind)
+        except zmq.ZMQError as exc:
+            self.socket.close(linger=0)
+            raise TransportError(f"{name}: cannot bind {bind}: {exc}") from exc
+        self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)  # resolves port 0
+        kind = "router" if socket_type == zmq.ROUTER else "pub"
+        log.info("transport.bound", socket=name, type=kind, address=self.address)
+
+
+class _Connected(_Endpoint):
+    """A socket that connects to one address (CURVE client side) and receives messages."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        socket_type: int,
+        connect: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        name: str,
+        options: Options,
+    ) -> None:
+        super().__init__(ctx, socket_type, settings, name)
+        for option, value in options:
+            self.socket.setsockopt(option, value)
+        secure_client(self.socket, security)
+        self.address = connect
+        self.socket.connect(connect)
+
+    def recv(self, timeout_ms: int) -> Message | None:
+        """The next message, or None on timeout or after dropping a malformed one."""
+        frames = self._poll_frames(timeout_ms)
+        if frames is None:
+            return None
+        msg = self._decode(frames, None)
+        return None if isinstance(msg, ProtocolError) else msg
+
+
+class Server(_Bound):
     """ROUTER that binds: answers many identified peers."""
 
     def __init__(
@@ -160,16 +216,15 @@ class Server(_Endpoint):
         security: SecuritySettings,
         name: str,
     ) -> None:
-        super().__init__(ctx, zmq.ROUTER, settings, name)
-        # A send to a full or unknown peer raises instead of vanishing, so drops are counted.
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # No handover: a second connection claiming an identity in use is refused, so a
-        # stranger cannot take a live peer's connection (and its TrainBatches). A restarted
-        # peer still gets its identity back: its dead process's connection closed with it.
-        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 0)
-        secure_server(ctx, self.socket, security)
-        self.address = _bind(self.socket, bind, name)
-        log.info("transport.bound", socket=name, type="router", address=self.address)
+        options: Options = [
+            # A send to a full or unknown peer raises instead of vanishing, so drops are counted.
+            (zmq.ROUTER_MANDATORY, 1),
+            # No handover: a second connection claiming an identity in use is refused, so a
+            # stranger cannot take a live peer's connection (and its TrainBatches). A restarted
+            # peer still gets its identity back: its dead process's connection closed with it.
+            (zmq.ROUTER_HANDOVER, 0),
+        ]
+        super().__init__(ctx, zmq.ROUTER, bind, settings, security, name, options)
 
     def recv(self, timeout_ms: int) -> tuple[bytes, Message] | None:
         """(identity, message), or None on timeout or after rejecting a malformed message."""
@@ -203,7 +258,7 @@ class Server(_Endpoint):
         return status is SendStatus.SENT
 
 
-class Client(_Endpoint):
+class Client(_Connected):
     """DEALER that connects to one Server under a stable identity."""
 
     def __init__(
@@ -214,13 +269,10 @@ class Client(_Endpoint):
         security: SecuritySettings,
         identity: str,
     ) -> None:
-        super().__init__(ctx, zmq.DEALER, settings, identity)
         # The server addresses replies by this; unique per process, stable across reconnects.
-        self.socket.setsockopt(zmq.IDENTITY, identity.encode())
-        secure_client(self.socket, security)
-        self.address = connect
+        options: Options = [(zmq.IDENTITY, identity.encode())]
+        super().__init__(ctx, zmq.DEALER, connect, settings, security, identity, options)
         self.identity = identity
-        self.socket.connect(connect)
 
     def send(self, msg: Message) -> None:
         """Queue `msg`; raises SendTimeout when no room came within transport.io_timeout_ms."""
@@ -232,16 +284,8 @@ class Client(_Endpoint):
                 f"within transport.io_timeout_ms={self.settings.io_timeout_ms}"
             ) from exc
 
-    def recv(self, timeout_ms: int) -> Message | None:
-        """The next message, or None on timeout or after dropping a malformed one."""
-        frames = self._poll_frames(timeout_ms)
-        if frames is None:
-            return None
-        msg = self._decode(frames, None)
-        return None if isinstance(msg, ProtocolError) else msg
 
-
-class Announcer(_Endpoint):
+class Announcer(_Bound):
     """PUB that binds: broadcasts small announcements (a slow subscriber misses some)."""
 
     def __init__(
@@ -252,10 +296,7 @@ class Announcer(_Endpoint):
         security: SecuritySettings,
         name: str,
     ) -> None:
-        super().__init__(ctx, zmq.PUB, settings, name)
-        secure_server(ctx, self.socket, security)
-        self.address = _bind(self.socket, bind, name)
-        log.info("transport.bound", socket=name, type="pub", address=self.address)
+        super().__init__(ctx, zmq.PUB, bind, settings, security, name, [])
 
     def publish(self, msg: Message) -> None:
         """Send to every subscriber; never blocks (PUB drops for a subscriber at its HWM)."""
@@ -265,7 +306,7 @@ class Announcer(_Endpoint):
             self._note_drop("full", msg)
 
 
-class Subscriber(_Endpoint):
+class Subscriber(_Connected):
     """SUB that connects to an Announcer and receives everything it publishes.
 
     No CONFLATE: libzmq's conflation breaks multipart messages. A reader that wants only the
@@ -282,18 +323,8 @@ class Subscriber(_Endpoint):
         security: SecuritySettings,
         name: str,
     ) -> None:
-        super().__init__(ctx, zmq.SUB, settings, name)
-        secure_client(self.socket, security)
-        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
-        self.address = connect
-        self.socket.connect(connect)
-
-    def recv(self, timeout_ms: int) -> Message | None:
-        frames = self._poll_frames(timeout_ms)
-        if frames is None:
-            return None
-        msg = self._decode(frames, None)
-        return None if isinstance(msg, ProtocolError) else msg
+        options: Options = [(zmq.SUBSCRIBE, b"")]
+        super().__init__(ctx, zmq.SUB, connect, settings, security, name, options)
 
 
 def handshake(client: Client, hello: Hello, timeout_s: float) -> Welcome:
@@ -319,5 +350,5 @@ def handshake(client: Client, hello: Hello, timeout_s: float) -> Welcome:
     raise HandshakeTimeout(
         f"no Welcome from {client.address} within {timeout_s:g} s: is the hub running there "
         "(and with security.curve on, are the keys right)? "
-        "Raise transport.handshake_timeout_s to wait longer"
+        "Raise --handshake-timeout (transport.handshake_timeout_s) to wait longer"
     )
