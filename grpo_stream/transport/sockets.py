@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 import structlog
 import zmq
@@ -88,16 +88,40 @@ def _configure(sock: Socket, settings: TransportSettings) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, settings.max_frame_bytes)
 
 
-class _Endpoint:
-    """What every wrapper shares: the socket, limits, decoding with counted rejections."""
+Options = list[tuple[int, int | bytes]]
+"""Socket options a wrapper sets before it binds or connects, each with its reason beside it."""
 
-    def __init__(self, ctx: Context, socket_type: int, settings: TransportSettings, name: str):
+
+class _Endpoint:
+    """What every wrapper shares: the socket, limits, decoding with counted rejections.
+    A subclass names its socket type and options; `_open` binds or connects it."""
+
+    SOCKET_TYPE: ClassVar[int]
+
+    def __init__(
+        self,
+        ctx: Context,
+        address: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        name: str,
+    ) -> None:
         self.name = name
         self.rejected: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
         self._throttle = RateLimit(LOG_EVERY_S)
-        self.socket: Socket = ctx.socket(socket_type)
+        self.socket: Socket = ctx.socket(self.SOCKET_TYPE)
         self.apply(settings)
+        for option, value in self._options():
+            self.socket.setsockopt(option, value)
+        self.address = address
+        self._open(ctx, security)
+
+    def _options(self) -> Options:
+        return []
+
+    def _open(self, ctx: Context, security: SecuritySettings) -> None:
+        raise NotImplementedError
 
     def apply(self, settings: TransportSettings) -> None:
         """Use `settings` from now on (a service adopts the hub's on Welcome). libzmq applies
@@ -145,56 +169,27 @@ class _Endpoint:
         self.socket.close(linger=self.settings.linger_ms)
 
 
-Options = list[tuple[int, int | bytes]]
-"""Socket options a wrapper sets before it binds or connects, each with its reason beside it."""
-
-
 class _Bound(_Endpoint):
     """A socket that binds (CURVE server side); `.address` is the bound one (port 0 resolved)."""
 
-    def __init__(
-        self,
-        ctx: Context,
-        socket_type: int,
-        bind: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        name: str,
-        options: Options,
-    ) -> None:
-        super().__init__(ctx, socket_type, settings, name)
-        for option, value in options:
-            self.socket.setsockopt(option, value)
+    def _open(self, ctx: Context, security: SecuritySettings) -> None:
         secure_server(ctx, self.socket, security)
         try:
-            self.socket.bind(bind)
+            self.socket.bind(self.address)
         except zmq.ZMQError as exc:
             self.socket.close(linger=0)
-            raise TransportError(f"{name}: cannot bind {bind}: {exc}") from exc
+            raise TransportError(f"{self.name}: cannot bind {self.address}: {exc}") from exc
         self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)  # resolves port 0
-        kind = "router" if socket_type == zmq.ROUTER else "pub"
-        log.info("transport.bound", socket=name, type=kind, address=self.address)
+        kind = "router" if self.SOCKET_TYPE == zmq.ROUTER else "pub"
+        log.info("transport.bound", socket=self.name, type=kind, address=self.address)
 
 
 class _Connected(_Endpoint):
     """A socket that connects to one address (CURVE client side) and receives messages."""
 
-    def __init__(
-        self,
-        ctx: Context,
-        socket_type: int,
-        connect: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        name: str,
-        options: Options,
-    ) -> None:
-        super().__init__(ctx, socket_type, settings, name)
-        for option, value in options:
-            self.socket.setsockopt(option, value)
+    def _open(self, ctx: Context, security: SecuritySettings) -> None:
         secure_client(self.socket, security)
-        self.address = connect
-        self.socket.connect(connect)
+        self.socket.connect(self.address)
 
     def recv(self, timeout_ms: int) -> Message | None:
         """The next message, or None on timeout or after dropping a malformed one."""
@@ -206,17 +201,13 @@ class _Connected(_Endpoint):
 
 
 class Server(_Bound):
-    """ROUTER that binds: answers many identified peers."""
+    """ROUTER that binds: answers many identified peers. Server(ctx, bind, settings,
+    security, name)."""
 
-    def __init__(
-        self,
-        ctx: Context,
-        bind: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        name: str,
-    ) -> None:
-        options: Options = [
+    SOCKET_TYPE = zmq.ROUTER
+
+    def _options(self) -> Options:
+        return [
             # A send to a full or unknown peer raises instead of vanishing, so drops are counted.
             (zmq.ROUTER_MANDATORY, 1),
             # No handover: a second connection claiming an identity in use is refused, so a
@@ -224,7 +215,6 @@ class Server(_Bound):
             # peer still gets its identity back: its dead process's connection closed with it.
             (zmq.ROUTER_HANDOVER, 0),
         ]
-        super().__init__(ctx, zmq.ROUTER, bind, settings, security, name, options)
 
     def recv(self, timeout_ms: int) -> tuple[bytes, Message] | None:
         """(identity, message), or None on timeout or after rejecting a malformed message."""
@@ -259,20 +249,18 @@ class Server(_Bound):
 
 
 class Client(_Connected):
-    """DEALER that connects to one Server under a stable identity."""
+    """DEALER that connects to one Server under a stable identity. Client(ctx, connect,
+    settings, security, identity)."""
 
-    def __init__(
-        self,
-        ctx: Context,
-        connect: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        identity: str,
-    ) -> None:
+    SOCKET_TYPE = zmq.DEALER
+
+    @property
+    def identity(self) -> str:
+        return self.name
+
+    def _options(self) -> Options:
         # The server addresses replies by this; unique per process, stable across reconnects.
-        options: Options = [(zmq.IDENTITY, identity.encode())]
-        super().__init__(ctx, zmq.DEALER, connect, settings, security, identity, options)
-        self.identity = identity
+        return [(zmq.IDENTITY, self.name.encode())]
 
     def send(self, msg: Message) -> None:
         """Queue `msg`; raises SendTimeout when no room came within transport.io_timeout_ms."""
@@ -286,17 +274,10 @@ class Client(_Connected):
 
 
 class Announcer(_Bound):
-    """PUB that binds: broadcasts small announcements (a slow subscriber misses some)."""
+    """PUB that binds: broadcasts small announcements (a slow subscriber misses some).
+    Announcer(ctx, bind, settings, security, name)."""
 
-    def __init__(
-        self,
-        ctx: Context,
-        bind: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        name: str,
-    ) -> None:
-        super().__init__(ctx, zmq.PUB, bind, settings, security, name, [])
+    SOCKET_TYPE = zmq.PUB
 
     def publish(self, msg: Message) -> None:
         """Send to every subscriber; never blocks (PUB drops for a subscriber at its HWM)."""
@@ -313,18 +294,13 @@ class Subscriber(_Connected):
     newest announcement drains with `recv(0)` until None (see fetch.WeightsWatcher).
     Subscriptions take a moment to reach the publisher, so the first announcements after
     connecting can be missed; announcements are hints, never the only way to learn state.
+    Subscriber(ctx, connect, settings, security, name).
     """
 
-    def __init__(
-        self,
-        ctx: Context,
-        connect: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        name: str,
-    ) -> None:
-        options: Options = [(zmq.SUBSCRIBE, b"")]
-        super().__init__(ctx, zmq.SUB, connect, settings, security, name, options)
+    SOCKET_TYPE = zmq.SUB
+
+    def _options(self) -> Options:
+        return [(zmq.SUBSCRIBE, b"")]
 
 
 def handshake(client: Client, hello: Hello, timeout_s: float) -> Welcome:
