@@ -9,8 +9,8 @@ Invariants:
   (`beat_identity`): a stranger cannot keep a dead peer alive;
 - what a lost, restarted or leaving peer held goes back to the ledger at once;
 - when the rank-0 trainer says Hello with endpoints, every other peer gets a new Welcome;
-- every Welcome carries the same config and digest (the hub's config never changes while it
-  runs).
+- every Welcome carries the same config and digest, also after a restart on the same port
+  (the config's `hub.bind` is the bound address).
 """
 
 from __future__ import annotations
@@ -56,14 +56,18 @@ class HubSessions:
         facts: RunFacts,
         refuse: Refuse,
     ) -> None:
-        self.cfg = cfg
+        # The config as it runs, port 0 resolved to the bound one: a hub restarted on that
+        # port (as `up` restarts it, `--set hub.bind=...`) welcomes with the same digest.
+        self.cfg = cfg.model_copy(
+            update={"hub": cfg.hub.model_copy(update={"bind": server.address})}
+        )
         self.server = server
         self.registry = registry
         self.ledger = ledger
         self.shares = shares
         self.facts = facts
         self.refuse = refuse
-        self.digest = cfg.digest()
+        self.digest = self.cfg.digest()
         self.peers_info: dict[str, Any] = {}  # endpoints the rank-0 trainer announced
         self.trainer_done = False  # the trainer left with reason "done": the run is over
 

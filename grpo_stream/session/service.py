@@ -322,7 +322,11 @@ def run_service(join: Join, body: Callable[[Session], int], heavy: bool = True) 
         import torch
         import transformers  # noqa: F401
     session = Session(join, stop)
-    cfg = session.connect()
+    try:
+        cfg = session.connect()
+    except BaseException:
+        session.close("join failed")  # closes the sockets, or the process could not exit
+        raise
     if heavy:
         torch.set_num_threads(cfg.run.torch_threads)
     reason = "error"  # body raised

@@ -32,7 +32,7 @@ class Hub:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.ctx = make_context()
-        self.server = Server(self.ctx, "tcp://127.0.0.1:0", cfg.transport, cfg.security, "hub")
+        self.server = Server(self.ctx, cfg.hub.bind, cfg.transport, cfg.security, "hub")
         self.registry = Registry(cfg.transport.heartbeat_timeout_s)
         self.ledger = Ledger(1, 1, 10.0)
         self.refused: list[str] = []
@@ -78,13 +78,11 @@ def until(check: object, timeout_s: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_session_joins_beats_and_pulls_credits_through_hub_sessions(
-    hub: Hub, cfg: RunConfig
-) -> None:
+def test_a_session_joins_beats_and_pulls_credits_through_hub_sessions(hub: Hub) -> None:
     link = Session(Join("scorer", "sc-0", hub.server.address, SecuritySettings()), StopFlag())
     link.connect()
     try:
-        assert link.digest == cfg.digest() and link.policy_version == 4
+        assert link.digest == hub.sessions.digest and link.policy_version == 4
         link.stats["groups_scored"] = 9
         link.pull(5)
         until(lambda: hub.registry.peers["sc-0"].stats.get("groups_scored") == 9)  # a beat
@@ -124,3 +122,16 @@ def test_a_heartbeat_from_another_socket_does_not_keep_a_peer_alive(hub: Hub) ->
     finally:
         spoof.close()
         link.close("done")
+
+
+def test_a_hub_restarted_on_its_bound_port_welcomes_with_the_same_digest(cfg: RunConfig) -> None:
+    first = Hub(cfg)  # binds port 0, as `up` starts it
+    address = first.server.address
+    first.close()
+    again = config_from_dict({**cfg.model_dump(mode="json"), "hub": {"bind": address}})
+    second = Hub(again)  # as `up` restarts it: --set hub.bind=<the bound address>
+    try:
+        assert cfg.digest() != again.digest()
+        assert second.sessions.welcome().config_digest == first.sessions.welcome().config_digest
+    finally:
+        second.close()
