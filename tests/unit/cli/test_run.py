@@ -3,22 +3,9 @@ names); the hub, which waits for no Welcome, refuses it in one line."""
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
-
-import pytest
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
-
-
-@pytest.fixture
-def keep_signals() -> Iterator[None]:
-    """A service installs SIGTERM/SIGINT handlers: put pytest's back afterwards."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 def test_a_service_waits_for_welcome_as_long_as_handshake_timeout_says(

@@ -4,7 +4,6 @@ and that a Welcome with another config digest is refused."""
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 import time
@@ -177,15 +176,6 @@ def test_a_welcome_with_another_digest_after_a_restart_stops_the_service(
         assert session.cfg.run.seed == 0 and session.digest == digest  # not adopted
     finally:
         hub.close()
-
-
-@pytest.fixture
-def keep_signals() -> Iterator[None]:
-    """run_service installs SIGTERM/SIGINT handlers: put pytest's back afterwards."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 def test_run_service_exits_with_config_changed_and_tells_the_hub(
