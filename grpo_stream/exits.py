@@ -5,3 +5,7 @@ EXIT_ABORTED = 3
 restarting cannot help, so `up` fails at once with the hub's reason."""
 EXIT_HUB_GONE = 75
 """A service lost its hub before the run ended: not a clean end; `up` restarts it."""
+EXIT_CONFIG_CHANGED = 76
+"""The hub came back with another config than the one the service runs (a later Welcome's
+digest differs): the service refuses it and stops; `up` restarts it, and the new process takes
+the new config from its first Welcome."""

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import structlog
 
-from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.transport.fetch import WeightsWatcher
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 log = structlog.get_logger()
 
@@ -24,17 +23,17 @@ def next_due(version: int, every: int) -> int:
     return (version // every + 1) * every
 
 
-def serve_evaluator(link: HubLink, stop: StopFlag) -> None:
+def serve_evaluator(link: Session) -> int:
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.evaluator.online import OnlineEval
 
-    assert link.cfg is not None
     cfg = link.cfg
+    stop = link.stop
     if cfg.eval.every == 0:  # started by hand on a run that does not evaluate
         log.warning("eval.off", reason="eval.every = 0: nothing to evaluate")
         while not stop.set:
             link.recv(timeout_ms=200)
-        return
+        return 0
     engine = HFEngine.from_settings(cfg.model, cfg.transport, link.security, cfg.eval.device)
     online = OnlineEval.build(cfg, engine.tokenizer)
     watcher: WeightsWatcher | None = None
@@ -63,34 +62,8 @@ def serve_evaluator(link: HubLink, stop: StopFlag) -> None:
             watcher.close()
         online.close()
         engine.close()
-
-
-def run_evaluator(
-    hub: str,
-    instance: str,
-    transport: TransportSettings,
-    security: SecuritySettings,
-    fingerprint: dict[str, object] | None = None,
-    log_setup: tuple[str, bool] = ("info", False),
-) -> int:
-    stop = StopFlag().install()
-    import torch
-    import transformers  # noqa: F401  (heavy imports before the heartbeats start)
-
-    link = HubLink(
-        "evaluator",
-        instance,
-        hub,
-        transport,
-        security,
-        stop,
-        fingerprint=fingerprint,
-        log_setup=log_setup,
-    )
-    cfg = link.connect()
-    torch.set_num_threads(cfg.run.torch_threads)
-    try:
-        serve_evaluator(link, stop)
-    finally:
-        link.close(stop.reason or "done")
     return 0
+
+
+def run_evaluator(join: Join) -> int:
+    return run_service(join, serve_evaluator)

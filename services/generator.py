@@ -15,13 +15,13 @@ from collections import deque
 import numpy as np
 import structlog
 
+from grpo_stream.config import RunConfig
 from grpo_stream.engines import Engine, GroupSample, make_engine
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.transport.errors import TransportError
 from grpo_stream.transport.fetch import WeightsWatcher
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 log = structlog.get_logger()
 FETCH_BACKOFF_MAX_S = 30.0  # longest wait between two tries of a dead weight server
@@ -30,22 +30,17 @@ FETCH_BACKOFF_MAX_S = 30.0  # longest wait between two tries of a dead weight se
 class Generator:
     """One inference engine serving the hub."""
 
-    def __init__(
-        self, link: HubLink, engine: Engine, stop: StopFlag, throttle: float = 1.0
-    ) -> None:
+    def __init__(self, link: Session, engine: Engine, throttle: float = 1.0) -> None:
         self.link = link
         self.engine = engine
-        self.stop = stop
-        assert link.cfg is not None
-        self.cfg = link.cfg
+        self.stop = link.stop
         self.queue: deque[m.PromptBatch] = deque()
         self.credits = self.cfg.generator.prompts_per_request
         self.watcher: WeightsWatcher | None = None
         self.watched: str | None = None
         self.reload = False  # the trainer restarted: take its newest version whatever its number
-        self.announced = 0
+        self.announced = link.policy_version  # the hub knows the trainer's version
         self._waiting_since: float | None = None
-        self._version_joins = 0
         self.tokens_per_s = 0.0
         self.wait_s = 0.0
         self.batches = 0
@@ -53,32 +48,39 @@ class Generator:
         self.prompts_total = 0
         self.tokens_total = 0
         self.busy_s = 0.0
-        self._joins = link.joins
         self._fetch_failures = 0  # weight fetches failed in a row
         self._fetch_retry_at = 0.0
         self._warn = RateLimit()
+        link.on_rejoin(self._rejoined)
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.link.cfg
+
+    def _rejoined(self) -> None:
+        """The hub (re)registered us: what we held is re-dispatched, the trainer's version is
+        the hub's (the session asked for the credit window again)."""
+        self.queue.clear()
+        self._waiting_since = None
+        self.announced = max(self.announced, self.link.policy_version)
 
     def serve(self) -> None:
-        self.link.send(m.WorkRequest(instance=self.link.instance, credits=2 * self.credits))
+        self.link.pull(2 * self.credits)
         while not self.stop.set:
             idle = not self.queue
             t0 = time.perf_counter()
             self._receive(timeout_ms=0 if self.queue else 50)
             if idle:  # time spent waiting for work (credits outstanding, nothing to do)
                 self.wait_s += time.perf_counter() - t0
-            if self.link.joins != self._joins:  # the hub restarted: our credits are gone
-                self._joins = self.link.joins
-                self.queue.clear()
-                self.link.send(m.WorkRequest(instance=self.link.instance, credits=2 * self.credits))
             self._poll_weights()
             if not self.queue:
                 continue
-            batch = self.queue.popleft()
+            batch = self.queue[0]
             if not self._ensure_version(batch.min_version):
-                self.queue.appendleft(batch)
-                continue
+                continue  # still waiting (and a rejoin meanwhile dropped the queue)
+            self.queue.popleft()
             self._generate(batch)
-            self.link.send(m.WorkRequest(instance=self.link.instance, credits=len(batch.prompts)))
+            self.link.replenish(len(batch.prompts))
 
     def _receive(self, timeout_ms: int) -> None:
         msg = self.link.recv(timeout_ms)
@@ -109,9 +111,6 @@ class Generator:
         the hub says the trainer is ahead of us), then check the batch's `min_version`.
         If that version does not come within the heartbeat deadline (the trainer rolled a
         step back, say), generate anyway: the hub drops what is too stale, counted."""
-        if self.link.joins != self._version_joins:  # just (re)joined: the hub knows the version
-            self._version_joins = self.link.joins
-            self.announced = max(self.announced, self.link.policy_version)
         if (self.announced > self.engine.version or self.reload) and "weights" in self.link.peers:
             self._fetch_weights()
         now = time.monotonic()
@@ -232,47 +231,28 @@ class Generator:
         return int(offsets[-1])
 
 
-def run_generator(
-    hub: str,
-    instance: str,
-    transport: TransportSettings,
-    security: SecuritySettings,
-    fingerprint: dict[str, object] | None = None,
-    log_setup: tuple[str, bool] = ("info", False),
-    throttle: float = 1.0,
-) -> int:
-    stop = StopFlag().install()
-    # heavy imports first: they hold the GIL for seconds, which would starve heartbeats
+def run_generator(join: Join, throttle: float = 1.0) -> int:
+    return run_service(join, lambda session: serve_generator(session, throttle))
+
+
+def serve_generator(session: Session, throttle: float = 1.0) -> int:
+    """Build the engine from the run's config, serve until stopped."""
     import torch
-    import transformers  # noqa: F401
 
-    link = HubLink(
-        "generator",
-        instance,
-        hub,
-        transport,
-        security,
-        stop,
-        fingerprint=fingerprint,
-        log_setup=log_setup,
-    )
-    cfg = link.connect()
-
-    torch.set_num_threads(cfg.run.torch_threads)
+    cfg = session.cfg
     torch.manual_seed(cfg.run.seed)
     engine = make_engine(
         cfg.generator.engine,
         cfg.model,
         cfg.generator,
         cfg.transport,
-        link.security,
+        session.security,
         lora=cfg.trainer.lora,
         weights=cfg.weights,
     )
     log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
     try:
-        Generator(link, engine, stop, throttle=max(throttle, cfg.generator.throttle)).serve()
+        Generator(session, engine, throttle=max(throttle, cfg.generator.throttle)).serve()
     finally:
         engine.close()
-        link.close(stop.reason or "done")
     return 0

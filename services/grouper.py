@@ -30,7 +30,6 @@ from grpo_stream.algo.advantages import batch_window, stream_batch_std
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
-from grpo_stream.hub.auth import hello_auth, key_roles
 from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.journal import SendJournal
@@ -43,6 +42,7 @@ from grpo_stream.hub.state import load_state, save_state
 from grpo_stream.hub.watchdog import Watchdog
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
+from grpo_stream.session.hub import HubSessions
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
 log = structlog.get_logger()
@@ -73,10 +73,7 @@ class Grouper:
             hub.replay.capacity, hub.replay.reuse, hub.replay.sampling, cfg.run.seed
         )
         self.registry = Registry(cfg.transport.heartbeat_timeout_s)
-        self.auth = hello_auth(cfg.security.secret_file)  # None: Hellos are not signed
-        self.roles = key_roles(cfg.security)  # None: no CURVE, no key to check roles against
         self.rollouts: dict[int, m.Rollout] = {}
-        self.peers_info: dict[str, Any] = {}
         self.policy_version = 0
         self.recent_rewards: deque[float] = deque(  # scale="batch": one batch's rewards
             maxlen=batch_window(hub.groups_per_step, cfg.generator.group_size)
@@ -92,6 +89,9 @@ class Grouper:
         )
         self.ctx = make_context()
         self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
+        self.sessions = HubSessions(
+            cfg, self.server, self.registry, self.ledger, self.shares, self, self._refuse
+        )
         self._stop = False
         self._exit_code = 0
         self._shutdown_reason = "hub stopping"
@@ -156,15 +156,7 @@ class Grouper:
     def _tick(self) -> None:
         now = time.monotonic()
         self.shares.maybe_refit(now)
-        for peer in self.registry.expire(now):
-            n = self.ledger.release_holder(peer.instance)
-            log.warning(
-                "peer.lost",
-                instance=peer.instance,
-                service=peer.service,
-                host=peer.host,
-                requeued=n,
-            )
+        for peer in self.sessions.expire(now):
             if peer.service == "trainer":
                 self.desk.drop(peer.identity)
         expired = self.ledger.expire(now)
@@ -182,42 +174,18 @@ class Grouper:
 
     # ----- messages -------------------------------------------------------------------
     def _handle(self, identity: bytes, msg: m.Message) -> None:
-        if isinstance(msg, m.Hello):
-            self._on_hello(identity, msg)
-            return
         if isinstance(msg, m.StatusRequest):
             self.server.send(identity, self._status())
             return
-        if isinstance(msg, m.Heartbeat):  # beats come from a side socket: match by instance
-            known = self.registry.peers.get(msg.instance)
-            if known is not None and identity not in (known.identity, _beat_identity(known)):
-                self.server.rejected["beat_spoofed"] += 1  # not that peer's sockets
-                return
-            self.shares.report_latency(msg.instance, msg.stats.get("hub_rtt_s"))
-            self.shares.report(msg.instance, msg.stats.get("tokens_per_s"))
-            if not self.registry.beat(msg.instance, time.monotonic(), dict(msg.stats)):
-                self.server.rejected["unregistered"] += 1
-                # a lost peer, or one from before a hub restart: tell it to say Hello again
-                self.server.send(
-                    identity,
-                    m.Error(code="unregistered", message="send Hello first", in_reply_to=msg.KIND),
-                )
-            return
-        peer = self.registry.by_identity(identity)
+        peer = self.sessions.handle(identity, msg)  # Hello, Heartbeat, credits, Shutdown
+        if self.sessions.trainer_done:
+            self._stop = True
         if peer is None:
-            self.server.rejected["unregistered"] += 1
-            self.server.send(
-                identity,
-                m.Error(code="unregistered", message="send Hello first", in_reply_to=msg.KIND),
-            )
             return
-        self.registry.beat(peer.instance, time.monotonic())  # any message proves liveness
         handlers: dict[type[m.Message], Callable[[Peer, Any], None]] = {
-            m.WorkRequest: self._on_work_request,
             m.Rollout: self._on_rollout,
             m.Scored: self._on_scored,
             m.BatchRequest: self._on_batch_request,
-            m.Shutdown: self._on_shutdown,
         }
         handler = handlers.get(type(msg))
         wrong_role = guard.check_role(peer.service, msg)
@@ -240,64 +208,6 @@ class Grouper:
         if count is not None:
             log.warning("hub.refused", code=code, reason=reason, kind=kind, count=count)
         self.server.send(identity, m.Error(code=code, message=reason, in_reply_to=kind))
-
-    def _on_hello(self, identity: bytes, hello: m.Hello) -> None:
-        refused = guard.check_hello(
-            hello, self.registry, self.auth, self.roles, self.server.last_user_id
-        )
-        if refused is not None:
-            self._refuse(identity, "bad_hello", refused, hello.KIND)
-            return
-        old = self.registry.peers.get(hello.instance)
-        if old is not None:  # a restarted instance: what it held is re-dispatched
-            self.ledger.release_holder(old.instance)
-        peer = self.registry.register(
-            Peer(
-                hello.service,
-                hello.instance,
-                identity,
-                hello.host,
-                hello.pid,
-                hello.rank,
-                dict(hello.fingerprint),
-            ),
-            time.monotonic(),
-        )
-        if hello.service == "trainer" and hello.rank == 0 and hello.endpoints:
-            self.peers_info.update(hello.endpoints)
-            for other in self.registry.peers.values():
-                if other.instance != peer.instance:
-                    self.server.send(other.identity, self._welcome())
-        if hello.service == "generator":
-            self.shares.join(hello.instance, dict(hello.fingerprint))
-        log.info(
-            "peer.joined",
-            service=hello.service,
-            instance=hello.instance,
-            host=hello.host,
-            joined=peer.joined,
-            devices=peer.describe()["devices"],
-        )
-        self.server.send(identity, self._welcome())
-
-    def _welcome(self) -> m.Welcome:
-        return m.Welcome(
-            run_id=self.run_id,
-            config=self.cfg.model_dump(mode="json"),
-            config_digest=self.cfg.digest(),
-            peers=dict(self.peers_info),
-            policy_version=self.policy_version,
-        )
-
-    def _on_work_request(self, peer: Peer, msg: m.WorkRequest) -> None:
-        peer.credits = max(0, peer.credits + msg.credits)
-
-    def _on_shutdown(self, peer: Peer, msg: m.Shutdown) -> None:
-        log.info("peer.leaving", instance=peer.instance, reason=msg.reason)
-        self.ledger.release_holder(peer.instance)
-        self.registry.remove(peer.instance)
-        if peer.service == "trainer" and msg.reason == "done":
-            self._stop = True
 
     def _on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
         refused = guard.check_rollout(msg, self.cfg.generator.group_size)
@@ -462,11 +372,6 @@ class Grouper:
             buffer=len(self.buffer),
             journal_replayed=len(replayed),
         )
-
-
-def _beat_identity(peer: Peer) -> bytes:
-    """Identity of the heartbeat socket of a registered peer (see grpo_stream.runtime)."""
-    return f"{peer.instance}.hb.{peer.pid}".encode()
 
 
 def run_grouper(cfg: RunConfig, resume: bool = False) -> int:

@@ -12,34 +12,27 @@ import structlog
 
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.runtime import HubLink, StopFlag
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.session.service import Join, Session, run_service
 
 log = structlog.get_logger()
 
 
-def serve_scorer(link: HubLink, stop: StopFlag) -> None:
+def serve_scorer(link: Session) -> int:
     from grpo_stream.rewards import reward_specs
     from grpo_stream.rewards.sandbox import RewardPool
     from grpo_stream.tasks import make_task
 
-    assert link.cfg is not None
     cfg = link.cfg
     specs = reward_specs(cfg.task, make_task(cfg.task))
-    credits = cfg.scorer.groups_per_request
     scored = 0
-    joins = link.joins
     warn = RateLimit()
     with RewardPool(
         specs, cfg.scorer.workers, cfg.scorer.timeout_s, cfg.scorer.memory_limit_mb
     ) as pool:
         log.info("scorer.ready", rewards=[s.name for s in specs], workers=cfg.scorer.workers)
-        link.send(m.WorkRequest(instance=link.instance, credits=credits))
-        while not stop.set:
+        link.pull(cfg.scorer.groups_per_request)
+        while not link.stop.set:
             msg = link.recv(timeout_ms=50)
-            if link.joins != joins:  # the hub restarted: ask again
-                joins = link.joins
-                link.send(m.WorkRequest(instance=link.instance, credits=credits))
             if not isinstance(msg, m.ScoreRequest):
                 continue
             result = pool.score(msg.prompt, list(msg.completions), dict(msg.reference))
@@ -62,31 +55,9 @@ def serve_scorer(link: HubLink, stop: StopFlag) -> None:
                 groups_scored=scored,
                 **{k: v for k, v in pool.stats().items() if isinstance(v, (int, float))},
             )
-            link.send(m.WorkRequest(instance=link.instance, credits=1))
-
-
-def run_scorer(
-    hub: str,
-    instance: str,
-    transport: TransportSettings,
-    security: SecuritySettings,
-    fingerprint: dict[str, object] | None = None,
-    log_setup: tuple[str, bool] = ("info", False),
-) -> int:
-    stop = StopFlag().install()
-    link = HubLink(
-        "scorer",
-        instance,
-        hub,
-        transport,
-        security,
-        stop,
-        fingerprint=fingerprint,
-        log_setup=log_setup,
-    )
-    link.connect()
-    try:
-        serve_scorer(link, stop)
-    finally:
-        link.close(stop.reason or "done")
+            link.replenish(1)
     return 0
+
+
+def run_scorer(join: Join) -> int:
+    return run_service(join, serve_scorer, heavy=False)

@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -27,11 +28,10 @@ import structlog
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_HUB_GONE
 from grpo_stream.protocols import messages as m
-from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.training.device import release_cache
 from grpo_stream.training.sinks import Sink, make_sinks
 from grpo_stream.training.versions import VersionMark, resumed_version
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 log = structlog.get_logger()
 
@@ -43,13 +43,11 @@ class Trainer:
     the same steps (same step counter, same publish/checkpoint intervals), only rank 0 writes.
     """
 
-    def __init__(self, link: HubLink, stop: StopFlag, resume: bool) -> None:
+    def __init__(self, link: Session, resume: bool) -> None:
         from grpo_stream.training.state import TrainState
 
-        assert link.cfg is not None
-        self.cfg: RunConfig = link.cfg
         self.link = link
-        self.stop = stop
+        self.stop = link.stop
         self.run_dir = Path(self.cfg.run.run_dir)
         self.state = TrainState.create(self.cfg, resume=resume)
         self.versions = VersionMark(self.run_dir)
@@ -63,6 +61,12 @@ class Trainer:
         self.attempt = 0  # times the current step was skipped (BatchRequest.attempt)
         self._reporter: subprocess.Popen[bytes] | None = None
         self._next_report = time.monotonic() + 30.0
+        self._asked: float | None = None  # when the outstanding BatchRequest went out
+        link.on_rejoin(self._rejoined)
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.link.cfg
 
     def _continue_versions(self) -> None:
         mark = self.versions.highest()
@@ -154,22 +158,31 @@ class Trainer:
         """Ask for this step's batch; ask again (the same request: the hub answers it with
         the same batch) when the hub restarted or nothing came within a heartbeat deadline."""
         t0 = time.perf_counter()
-        joins = self.link.joins
+        self._ask()
+        try:
+            while not self.stop.set:
+                msg = self.link.recv(timeout_ms=100)
+                if isinstance(msg, m.TrainBatch) and msg.step == self.state.step:
+                    return msg, time.perf_counter() - t0
+                if isinstance(msg, m.TrainBatch):  # an answer to an earlier, repeated request
+                    log.warning("batch.discarded", step=msg.step, expected=self.state.step)
+                asked = self._asked or 0.0
+                if time.monotonic() - asked > self.cfg.transport.heartbeat_timeout_s:
+                    log.info("batch.reasked", step=self.state.step, rejoined=False)
+                    self._ask()  # the batch got lost
+            return None, time.perf_counter() - t0
+        finally:
+            self._asked = None
+
+    def _ask(self) -> None:
         self.link.send(self._request())
-        asked = time.monotonic()
-        while not self.stop.set:
-            msg = self.link.recv(timeout_ms=100)
-            if isinstance(msg, m.TrainBatch) and msg.step == self.state.step:
-                return msg, time.perf_counter() - t0
-            if isinstance(msg, m.TrainBatch):  # an answer to an earlier, repeated request
-                log.warning("batch.discarded", step=msg.step, expected=self.state.step)
-            late = time.monotonic() - asked > self.link.transport.heartbeat_timeout_s
-            if self.link.joins != joins or late:  # the hub restarted, or the batch got lost
-                joins = self.link.joins
-                log.info("batch.reasked", step=self.state.step, rejoined=not late)
-                self.link.send(self._request())
-                asked = time.monotonic()
-        return None, time.perf_counter() - t0
+        self._asked = time.monotonic()
+
+    def _rejoined(self) -> None:
+        """The hub (re)registered us and forgot the request: ask again, if one is out."""
+        if self._asked is not None:
+            log.info("batch.reasked", step=self.state.step, rejoined=True)
+            self._ask()
 
     def _record(
         self, batch: m.TrainBatch, metrics: dict[str, Any], seconds: float, waited: float
@@ -273,45 +286,26 @@ def _public(address: str, host: str | None) -> str:
     return f"tcp://{host}:{address.rsplit(':', 1)[1]}"
 
 
-def run_trainer(
-    hub: str,
-    instance: str,
-    transport: TransportSettings,
-    security: SecuritySettings,
-    resume: bool = False,
-    fingerprint: dict[str, object] | None = None,
-    log_setup: tuple[str, bool] = ("info", False),
-) -> int:
-    stop = StopFlag().install()
+def run_trainer(join: Join, resume: bool = False) -> int:
     rank = int(os.environ.get("RANK", "0"))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        instance = f"{instance}-r{rank}"
-    # heavy imports first: they hold the GIL for seconds, which would starve heartbeats
-    import torch
-    import transformers  # noqa: F401
+        join = dataclasses.replace(join, instance=f"{join.instance}-r{rank}")
+    join = dataclasses.replace(join, rank=rank)
+    return run_service(join, lambda session: serve_trainer(session, resume))
 
-    link = HubLink(
-        "trainer",
-        instance,
-        hub,
-        transport,
-        security,
-        stop,
-        rank=rank,
-        fingerprint=fingerprint,
-        log_setup=log_setup,
-    )
-    cfg = link.connect()
 
-    torch.set_num_threads(cfg.run.torch_threads)
-    trainer = Trainer(link, stop, resume=resume)
+def serve_trainer(session: Session, resume: bool = False) -> int:
+    """Train until max_steps or a stop request; 0, or `EXIT_HUB_GONE` when the hub went away
+    before the end (`up` restarts the trainer then)."""
+    stop = session.stop
+    trainer = Trainer(session, resume=resume)
     completed = False
     try:
         trainer.start()
         completed = trainer.serve()
     finally:
         trainer.close(completed)
-        link.close("done" if completed else (stop.reason or "stopped"))
+        session.farewell = "done" if completed else (stop.reason or "stopped")
     log.info("trainer.finished", completed=completed, step=trainer.state.step)
     if completed or not stop.reason.startswith("hub"):
         return 0  # done, or stopped by a signal (a final checkpoint was written)

@@ -1,7 +1,8 @@
 """`grpo-stream run SERVICE`: start one service process that joins a hub.
 
-The hub (grouper) reads the run config; every other service needs only `--hub` and gets the
-config from the hub's Welcome.
+The hub (grouper) reads the run config; every other service needs only what reaches the hub
+(`--hub`, `--keys-dir`, `--handshake-timeout`) and gets the config, transport settings
+included, from the hub's Welcome (`grpo_stream.session`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from grpo_stream.cli.common import fail
 if TYPE_CHECKING:
     from grpo_stream.config import RunConfig
     from grpo_stream.launch.runlock import RunLock
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+    from grpo_stream.session.service import Join
 
 SERVICES = ("grouper", "generator", "scorer", "trainer", "evaluator")
 OPTIONAL_SERVICES = ("evaluator",)
@@ -64,15 +65,25 @@ def run(
     secret_file: Path = typer.Option(
         None, "--secret-file", help="The run's secret (RUN_DIR/secret): signs every Hello."
     ),
+    handshake_timeout: float = typer.Option(
+        None,
+        "--handshake-timeout",
+        min=0.001,
+        help="Not for grouper: seconds to wait for the hub's Welcome "
+        "(default: transport.handshake_timeout_s's default, then the hub's).",
+    ),
 ) -> None:
     """Run one service until it is told to stop."""
     from grpo_stream.logs import setup_logging
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+    from grpo_stream.session.service import Join
+    from grpo_stream.transport.settings import SecuritySettings
 
     if service not in SERVICES:
         fail(f"unknown service {service!r}: choose one of {', '.join(SERVICES)}")
     name = instance or f"{service}-{socket.gethostname()}-{os.getpid()}"
     if service == "grouper":
+        if handshake_timeout is not None:
+            fail("--handshake-timeout is for services that join a hub, not for grouper")
         if keys_dir is not None:
             overrides = [
                 *overrides,
@@ -108,9 +119,17 @@ def run(
         curve=keys_dir is not None, keys_dir=keys_dir, client_name=client_name or "client",
         secret_file=secret_file,
     )  # fmt: skip
-    transport = TransportSettings()
     setup_logging(service, name, None, log_level, console_json=log_json)
-    _run_client(service, hub, name, transport, security, resume, (log_level, log_json), throttle)
+    join = Join(
+        service,
+        name,
+        hub,
+        security,
+        handshake_timeout_s=handshake_timeout,
+        fingerprint=_fingerprint(service, throttle),
+        log_setup=(log_level, log_json),
+    )
+    _run_client(join, resume, throttle)
 
 
 def _grouper_config(config: Path | None, overrides: list[str]) -> RunConfig:
@@ -147,37 +166,28 @@ def _lock(run_dir: Path) -> RunLock | None:
         fail(str(exc))
 
 
-def _run_client(
-    service: str,
-    hub: str,
-    name: str,
-    transport: TransportSettings,
-    security: SecuritySettings,
-    resume: bool,
-    log_setup: tuple[str, bool],
-    throttle: float,
-) -> None:
-    from grpo_stream.transport.sockets import HandshakeTimeout
+def _run_client(join: Join, resume: bool, throttle: float) -> None:
+    from grpo_stream.session.service import ConfigMismatch
+    from grpo_stream.transport.sockets import HandshakeRefused, HandshakeTimeout
 
-    fingerprint = _fingerprint(service, throttle)
     try:
-        if service == "generator":
+        if join.service == "generator":
             from grpo_stream.services.generator import run_generator
 
-            code = run_generator(hub, name, transport, security, fingerprint, log_setup, throttle)
-        elif service == "scorer":
+            code = run_generator(join, throttle)
+        elif join.service == "scorer":
             from grpo_stream.services.scorer import run_scorer
 
-            code = run_scorer(hub, name, transport, security, fingerprint, log_setup)
-        elif service == "evaluator":
+            code = run_scorer(join)
+        elif join.service == "evaluator":
             from grpo_stream.services.evaluator import run_evaluator
 
-            code = run_evaluator(hub, name, transport, security, fingerprint, log_setup)
+            code = run_evaluator(join)
         else:
             from grpo_stream.services.trainer import run_trainer
 
-            code = run_trainer(hub, name, transport, security, resume, fingerprint, log_setup)
-    except HandshakeTimeout as exc:
+            code = run_trainer(join, resume)
+    except (HandshakeTimeout, HandshakeRefused, ConfigMismatch) as exc:
         fail(str(exc))
     raise typer.Exit(code)
 

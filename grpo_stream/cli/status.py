@@ -91,7 +91,7 @@ def _ask(address: str, keys_dir: Path | None, timeout_s: float) -> dict[str, Any
 
     ctx = make_context()
     security = SecuritySettings(curve=keys_dir is not None, keys_dir=keys_dir)
-    client = Client(ctx, address, TransportSettings(), security, identity=f"status-{os.getpid()}")
+    client = Client(ctx, address, TransportSettings(), security, f"status-{os.getpid()}")
     try:
         client.send(m.StatusRequest())
         deadline = time.monotonic() + timeout_s

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 import structlog
 import zmq
@@ -88,19 +88,49 @@ def _configure(sock: Socket, settings: TransportSettings) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, settings.max_frame_bytes)
 
 
-class _Endpoint:
-    """What every wrapper shares: the socket, limits, decoding with counted rejections."""
+Options = list[tuple[int, int | bytes]]
+"""Socket options a wrapper sets before it binds or connects, each with its reason beside it."""
 
-    def __init__(self, ctx: Context, socket_type: int, settings: TransportSettings, name: str):
+
+class _Endpoint:
+    """What every wrapper shares: the socket, limits, decoding with counted rejections.
+    A subclass names its socket type and options; `_open` binds or connects it."""
+
+    SOCKET_TYPE: ClassVar[int]
+
+    def __init__(
+        self,
+        ctx: Context,
+        address: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        name: str,
+    ) -> None:
         self.name = name
-        self.settings = settings
         self.rejected: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
+        self._throttle = RateLimit(LOG_EVERY_S)
+        self.socket: Socket = ctx.socket(self.SOCKET_TYPE)
+        self.apply(settings)
+        for option, value in self._options():
+            self.socket.setsockopt(option, value)
+        self.address = address
+        self._open(ctx, security)
+
+    def _options(self) -> Options:
+        return []
+
+    def _open(self, ctx: Context, security: SecuritySettings) -> None:
+        raise NotImplementedError
+
+    def apply(self, settings: TransportSettings) -> None:
+        """Use `settings` from now on (a service adopts the hub's on Welcome). libzmq applies
+        HWM, LINGER and the timeouts to live connections too; MAXMSGSIZE only to connections
+        made after this call, so on a live one the codec's limits below are what changes."""
+        self.settings = settings
         self._limits = Limits(
             max_message_bytes=settings.max_message_bytes, max_frame_bytes=settings.max_frame_bytes
         )
-        self._throttle = RateLimit(LOG_EVERY_S)
-        self.socket: Socket = ctx.socket(socket_type)
         _configure(self.socket, settings)
 
     def _decode(self, frames: list[zmq.Frame], peer: bytes | None) -> Message | ProtocolError:
@@ -139,37 +169,55 @@ class _Endpoint:
         self.socket.close(linger=self.settings.linger_ms)
 
 
-def _bind(sock: Socket, address: str, name: str) -> str:
-    try:
-        sock.bind(address)
-    except zmq.ZMQError as exc:
-        sock.close(linger=0)
-        raise TransportError(f"{name}: cannot bind {address}: {exc}") from exc
-    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)  # resolves port 0
-    return endpoint
+class _Bound(_Endpoint):
+    """A socket that binds (CURVE server side); `.address` is the bound one (port 0 resolved)."""
 
-
-class Server(_Endpoint):
-    """ROUTER that binds: answers many identified peers."""
-
-    def __init__(
-        self,
-        ctx: Context,
-        bind: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        name: str,
-    ) -> None:
-        super().__init__(ctx, zmq.ROUTER, settings, name)
-        # A send to a full or unknown peer raises instead of vanishing, so drops are counted.
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # No handover: a second connection claiming an identity in use is refused, so a
-        # stranger cannot take a live peer's connection (and its TrainBatches). A restarted
-        # peer still gets its identity back: its dead process's connection closed with it.
-        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 0)
+    def _open(self, ctx: Context, security: SecuritySettings) -> None:
         secure_server(ctx, self.socket, security)
-        self.address = _bind(self.socket, bind, name)
-        log.info("transport.bound", socket=name, type="router", address=self.address)
+        try:
+            self.socket.bind(self.address)
+        except zmq.ZMQError as exc:
+            self.socket.close(linger=0)
+            raise TransportError(f"{self.name}: cannot bind {self.address}: {exc}") from exc
+        self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)  # resolves port 0
+        kind = "router" if self.SOCKET_TYPE == zmq.ROUTER else "pub"
+        log.info("transport.bound", socket=self.name, type=kind, address=self.address)
+
+
+class _Connected(_Endpoint):
+    """A socket that connects to one address (CURVE client side) and receives messages."""
+
+    def _open(self, ctx: Context, security: SecuritySettings) -> None:
+        secure_client(self.socket, security)
+        self.socket.connect(self.address)
+
+    def recv(self, timeout_ms: int) -> Message | None:
+        """The next message, or None on timeout or after dropping a malformed one."""
+        frames = self._poll_frames(timeout_ms)
+        if frames is None:
+            return None
+        msg = self._decode(frames, None)
+        return None if isinstance(msg, ProtocolError) else msg
+
+
+class Server(_Bound):
+    """ROUTER that binds: answers many identified peers. Server(ctx, bind, settings,
+    security, name)."""
+
+    SOCKET_TYPE = zmq.ROUTER
+
+    def _options(self) -> Options:
+        return [
+            # A send to a full or unknown peer raises instead of vanishing, so drops are counted.
+            (zmq.ROUTER_MANDATORY, 1),
+            # No handover: a second connection claiming an identity in use is refused, so a
+            # stranger cannot take a live peer's connection (and its TrainBatches). A restarted
+            # peer still gets its identity back: its dead process's connection closed with it.
+            (zmq.ROUTER_HANDOVER, 0),
+        ]
+
+    def _open(self, ctx: Context, security: SecuritySettings) -> None:
+        super()._open(ctx, security)
         self._curve = security.curve
         self.last_user_id: str | None = None
         """Under CURVE, the public key (z85) the last received message's sender authenticated
@@ -208,24 +256,19 @@ class Server(_Endpoint):
         return status is SendStatus.SENT
 
 
-class Client(_Endpoint):
-    """DEALER that connects to one Server under a stable identity."""
+class Client(_Connected):
+    """DEALER that connects to one Server under a stable identity. Client(ctx, connect,
+    settings, security, identity)."""
 
-    def __init__(
-        self,
-        ctx: Context,
-        connect: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        identity: str,
-    ) -> None:
-        super().__init__(ctx, zmq.DEALER, settings, identity)
+    SOCKET_TYPE = zmq.DEALER
+
+    @property
+    def identity(self) -> str:
+        return self.name
+
+    def _options(self) -> Options:
         # The server addresses replies by this; unique per process, stable across reconnects.
-        self.socket.setsockopt(zmq.IDENTITY, identity.encode())
-        secure_client(self.socket, security)
-        self.address = connect
-        self.identity = identity
-        self.socket.connect(connect)
+        return [(zmq.IDENTITY, self.name.encode())]
 
     def send(self, msg: Message) -> None:
         """Queue `msg`; raises SendTimeout when no room came within transport.io_timeout_ms."""
@@ -237,30 +280,12 @@ class Client(_Endpoint):
                 f"within transport.io_timeout_ms={self.settings.io_timeout_ms}"
             ) from exc
 
-    def recv(self, timeout_ms: int) -> Message | None:
-        """The next message, or None on timeout or after dropping a malformed one."""
-        frames = self._poll_frames(timeout_ms)
-        if frames is None:
-            return None
-        msg = self._decode(frames, None)
-        return None if isinstance(msg, ProtocolError) else msg
 
+class Announcer(_Bound):
+    """PUB that binds: broadcasts small announcements (a slow subscriber misses some).
+    Announcer(ctx, bind, settings, security, name)."""
 
-class Announcer(_Endpoint):
-    """PUB that binds: broadcasts small announcements (a slow subscriber misses some)."""
-
-    def __init__(
-        self,
-        ctx: Context,
-        bind: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        name: str,
-    ) -> None:
-        super().__init__(ctx, zmq.PUB, settings, name)
-        secure_server(ctx, self.socket, security)
-        self.address = _bind(self.socket, bind, name)
-        log.info("transport.bound", socket=name, type="pub", address=self.address)
+    SOCKET_TYPE = zmq.PUB
 
     def publish(self, msg: Message) -> None:
         """Send to every subscriber; never blocks (PUB drops for a subscriber at its HWM)."""
@@ -270,35 +295,20 @@ class Announcer(_Endpoint):
             self._note_drop("full", msg)
 
 
-class Subscriber(_Endpoint):
+class Subscriber(_Connected):
     """SUB that connects to an Announcer and receives everything it publishes.
 
     No CONFLATE: libzmq's conflation breaks multipart messages. A reader that wants only the
     newest announcement drains with `recv(0)` until None (see fetch.WeightsWatcher).
     Subscriptions take a moment to reach the publisher, so the first announcements after
     connecting can be missed; announcements are hints, never the only way to learn state.
+    Subscriber(ctx, connect, settings, security, name).
     """
 
-    def __init__(
-        self,
-        ctx: Context,
-        connect: str,
-        settings: TransportSettings,
-        security: SecuritySettings,
-        name: str,
-    ) -> None:
-        super().__init__(ctx, zmq.SUB, settings, name)
-        secure_client(self.socket, security)
-        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
-        self.address = connect
-        self.socket.connect(connect)
+    SOCKET_TYPE = zmq.SUB
 
-    def recv(self, timeout_ms: int) -> Message | None:
-        frames = self._poll_frames(timeout_ms)
-        if frames is None:
-            return None
-        msg = self._decode(frames, None)
-        return None if isinstance(msg, ProtocolError) else msg
+    def _options(self) -> Options:
+        return [(zmq.SUBSCRIBE, b"")]
 
 
 def handshake(client: Client, hello: Hello, timeout_s: float) -> Welcome:
@@ -324,5 +334,5 @@ def handshake(client: Client, hello: Hello, timeout_s: float) -> Welcome:
     raise HandshakeTimeout(
         f"no Welcome from {client.address} within {timeout_s:g} s: is the hub running there "
         "(and with security.curve on, are the keys right)? "
-        "Raise transport.handshake_timeout_s to wait longer"
+        "Raise --handshake-timeout (transport.handshake_timeout_s) to wait longer"
     )

@@ -63,7 +63,7 @@ def hub(tmp_path: Path) -> Iterator[str]:
 
 def test_repeated_request_for_a_step_gets_one_batch(hub: str) -> None:
     ctx = make_context()
-    client = Client(ctx, hub, TransportSettings(), SecuritySettings(), identity="trainer-0")
+    client = Client(ctx, hub, TransportSettings(), SecuritySettings(), "trainer-0")
     try:
         hello = m.Hello(service="trainer", instance="trainer-0", host="test", pid=1, capacity=1)
         handshake(client, hello, timeout_s=30)

@@ -97,7 +97,7 @@ def test_a_stranger_hello_as_trainer_changes_nothing_at_a_hub_with_a_secret(hub)
     grouper, _ = hub
     grouper._handle(b"trainer-0", hello(endpoints={"weights": "tcp://127.0.0.1:1"}))
     assert grouper.registry.peers == {}
-    assert grouper.peers_info == {}
+    assert grouper.sessions.peers_info == {}
     assert grouper.server.rejected["bad_hello"] == 1
 
 
@@ -105,4 +105,4 @@ def test_a_hello_signed_with_the_runs_secret_joins(hub) -> None:  # type: ignore
     grouper, secret = hub
     grouper._handle(b"trainer-0", sign(hello(endpoints={"weights": "tcp://h:2"}), secret))
     assert list(grouper.registry.peers) == ["trainer-0"]
-    assert grouper.peers_info == {"weights": "tcp://h:2"}
+    assert grouper.sessions.peers_info == {"weights": "tcp://h:2"}

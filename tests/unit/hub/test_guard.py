@@ -63,10 +63,10 @@ def test_a_second_connection_with_a_live_identity_does_not_take_it_over() -> Non
     ctx = make_context()
     t, sec = TransportSettings(), SecuritySettings()
     server = Server(ctx, "tcp://127.0.0.1:0", t, sec, name="hub")
-    real = Client(ctx, server.address, t, sec, identity="trainer-0")
+    real = Client(ctx, server.address, t, sec, "trainer-0")
     real.send(m.StatusRequest())
     assert server.recv(5000) is not None  # the real peer is connected
-    stranger = Client(ctx, server.address, t, sec, identity="trainer-0")
+    stranger = Client(ctx, server.address, t, sec, "trainer-0")
     stranger.send(m.StatusRequest())
     time.sleep(0.5)
     server.recv(200)  # whatever the stranger managed to send

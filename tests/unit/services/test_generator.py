@@ -1,24 +1,141 @@
-"""The generator's weight fetch: a weight server that is down, died mid-fetch or refuses is
-retried with backoff at the address the hub gives now; the generator keeps running and
-applies the version once it is served."""
+"""The generator's loop (grpo_stream.services.generator) against a real hub socket and the
+packaged tiny model: it pulls prompts with credits and returns one Rollout per prompt; after a
+hub restart it drops what it held and asks for its window again; a weight server that is down
+refuses or died mid-fetch is retried with backoff at the address the hub gives now, and the
+version applied once it is served."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from grpo_stream.config import RunConfig
+from grpo_stream.config import RunConfig, config_from_dict
 from grpo_stream.engines import Engine, make_engine
-from grpo_stream.runtime import HubLink, StopFlag
+from grpo_stream.protocols import messages as m
 from grpo_stream.services.generator import Generator
+from grpo_stream.session.service import Join, Session, StopFlag
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import close_context, make_context
 from grpo_stream.transport.weights import WeightServer
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "session"))
+from hub_script import ScriptedHub
+
+pytestmark = pytest.mark.slow  # loads the packaged model: tens of seconds on a loaded machine
+
 STALL_S = 1.0  # weights.fetch_stall_s of these tests
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory: pytest.TempPathFactory) -> RunConfig:
+    return config_from_dict(
+        {
+            "run": {"run_dir": str(tmp_path_factory.mktemp("run"))},
+            "generator": {"prompts_per_request": 2, "group_size": 3},
+            # a batch that waits for a version waits 3 s before it is generated anyway
+            "transport": {"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 3.0},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(cfg: RunConfig) -> Iterator[Engine]:
+    weights = WeightsSettings(fetch_stall_s=STALL_S)
+    eng = make_engine(
+        "hf", cfg.model, cfg.generator, cfg.transport, SecuritySettings(), "cpu", weights=weights
+    )
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def hub(cfg: RunConfig) -> Iterator[ScriptedHub]:
+    fake = ScriptedHub(cfg)
+    yield fake
+    fake.close()
+
+
+class Serving:
+    """Generator.serve in a thread (its session lives there), stopped by the test."""
+
+    def __init__(self, hub: ScriptedHub, engine: Engine) -> None:
+        self.stop = StopFlag()
+        self.gen: Generator | None = None
+        self._ready = threading.Event()
+        self._engine = engine
+        self._join = Join("generator", "gen-0", hub.address, SecuritySettings())
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self._ready.wait(30)
+
+    def _run(self) -> None:
+        session = Session(self._join, self.stop)
+        session.connect()
+        try:
+            self.gen = Generator(session, self._engine)
+            self._ready.set()
+            self.gen.serve()
+        finally:
+            session.close("done")
+
+    def close(self) -> None:
+        self.stop.stop("test")
+        self.thread.join(60)
+
+
+def batch(lease_id: int, min_version: int = 0) -> m.PromptBatch:
+    return m.PromptBatch(
+        lease_id=lease_id, group_ids=np.array([5, 6], np.int64), prompts=["3+4=", "2+2="],
+        references=[{"answer": "7"}, {"answer": "4"}], group_size=3, max_tokens=4,
+        temperature=1.0, top_p=1.0, min_version=min_version,
+    )  # fmt: skip
+
+
+def test_the_generator_returns_one_rollout_per_prompt_and_asks_for_more(
+    hub: ScriptedHub, engine: Engine
+) -> None:
+    serving = Serving(hub, engine)
+    try:
+        assert hub.wait_for(m.WorkRequest)[0].credits == 4  # type: ignore[attr-defined]
+        hub.send("gen-0", batch(lease_id=9))
+        rollouts = hub.wait_for(m.Rollout, count=2, timeout_s=60)
+        assert sorted(r.group_id for r in rollouts) == [5, 6]  # type: ignore[attr-defined]
+        for r in rollouts:
+            assert isinstance(r, m.Rollout)
+            assert r.lease_id == 9 and r.instance == "gen-0" and r.policy_version == 0
+            assert len(r.texts) == 3 and r.completion_offsets[-1] == len(r.completion_ids)
+            assert len(r.logprobs) == len(r.completion_ids)
+        more = hub.wait_for(m.WorkRequest, count=2)[1]
+        assert more.credits == 2  # type: ignore[attr-defined]  # one per prompt generated
+    finally:
+        serving.close()
+
+
+def test_after_a_hub_restart_the_generator_drops_what_it_held_and_asks_again(
+    hub: ScriptedHub, engine: Engine, cfg: RunConfig
+) -> None:
+    serving = Serving(hub, engine)
+    hub.wait_for(m.WorkRequest)
+    hub.send("gen-0", batch(lease_id=3, min_version=1))  # waits for a version that never comes
+    time.sleep(0.5)
+    hub.close()
+    again = ScriptedHub(cfg, address=hub.address)
+    try:
+        assert again.wait_for(m.WorkRequest, timeout_s=30)[0].credits == 4  # type: ignore[attr-defined]
+        time.sleep(0.5)
+        assert serving.gen is not None and not serving.gen.queue  # the batch was dropped
+        time.sleep(4.0)  # past the version wait (3 s): it is not generated
+        assert again.of(m.Rollout) == [] and hub.of(m.Rollout) == []
+    finally:
+        serving.close()
+        again.close()
 
 
 @pytest.fixture
@@ -32,72 +149,50 @@ def server() -> Iterator[WeightServer]:
     close_context(ctx)
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    """The packaged model, loaded once for the module (tens of seconds on a loaded machine)."""
-    cfg = RunConfig()
-    weights = WeightsSettings(fetch_stall_s=STALL_S)
-    made = make_engine(
-        "hf", cfg.model, cfg.generator, cfg.transport, SecuritySettings(), "cpu", weights=weights
-    )
-    yield made
-    made.close()
-
-
-def generator(engine: Engine, weights: str) -> Generator:
-    cfg = RunConfig()
-    link = HubLink(
-        "generator", "g-test", "tcp://127.0.0.1:9", TransportSettings(), SecuritySettings(),
-        StopFlag(),
-    )  # fmt: skip
-    link.cfg = cfg
-    link.peers = {"weights": weights}
-    return Generator(link, engine, link.stop)
-
-
-def _publish_next(server: WeightServer, engine: Engine) -> int:
-    version = engine.version + 1
-    weights: list[tuple[str, Any]] = [
-        (n, p.detach().clone() + 0.01) for n, p in engine.model.named_parameters()
-    ]
-    server.publish(version, weights)
-    return version
-
-
-def _wait_applied(gen: Generator, version: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while gen.engine.version < version and time.monotonic() < deadline:
-        gen._ensure_version(version)  # the backoff passes, then it fetches and applies
-
-
-@pytest.mark.slow
 def test_a_refusing_weight_server_is_retried_until_it_serves(
-    engine: Engine, server: WeightServer
+    hub: ScriptedHub, engine: Engine, server: WeightServer
 ) -> None:
-    gen = generator(engine, server.addresses["weights"])
-    held = engine.version
-    gen.announced = held + 1  # the trainer announced a version, then its server lost it
-    assert not gen._ensure_version(held + 1)  # no weights yet: no crash, retried later
-    assert gen.engine.version == held and gen._fetch_failures == 1
-    version = _publish_next(server, engine)
-    _wait_applied(gen, version, timeout_s=10)
-    assert gen.engine.version == version and gen._fetch_failures == 0
-    gen.link.close("done")
+    hub.peers = {"weights": server.addresses["weights"]}
+    session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
+    session.connect()
+    gen = Generator(session, engine)
+    gen.announced = engine.version + 1  # the trainer announced a version, then lost it
+    want = gen.announced
+    assert not gen._ensure_version(want)  # no weights yet: no crash, retried later
+    assert gen._fetch_failures == 1
+    weights: list[tuple[str, Any]] = [
+        (n, p.detach().clone() + 0.01)
+        for n, p in engine.model.named_parameters()  # type: ignore[attr-defined]
+    ]
+    server.publish(want, weights)
+    deadline = time.monotonic() + 10
+    while engine.version < want and time.monotonic() < deadline:
+        gen._ensure_version(want)  # the backoff (1 s after one failure) passes, then it applies
+    assert engine.version == want and gen._fetch_failures == 0
+    session.close("done")
 
 
-@pytest.mark.slow
 def test_a_server_that_died_is_given_up_and_retried_at_the_hubs_new_address(
-    engine: Engine, server: WeightServer
+    hub: ScriptedHub, engine: Engine, server: WeightServer
 ) -> None:
-    gen = generator(engine, "tcp://127.0.0.1:9")  # nobody serves there: a killed trainer's
-    held = engine.version
-    gen.announced = held + 1
+    hub.peers = {"weights": "tcp://127.0.0.1:9"}  # nobody serves there: a killed trainer's
+    session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
+    session.connect()
+    gen = Generator(session, engine)
+    gen.announced = engine.version + 1
+    want = gen.announced
     t0 = time.monotonic()
     gen._fetch_weights()
     assert time.monotonic() - t0 < STALL_S + 5  # given up after fetch_stall_s, not 60 s
     assert gen._fetch_failures == 1 and gen.reload
     gen.link.peers["weights"] = server.addresses["weights"]  # the hub's Welcome: restarted
-    version = _publish_next(server, engine)
-    _wait_applied(gen, version, timeout_s=10)
-    assert gen.engine.version == version and gen._fetch_failures == 0
-    gen.link.close("done")
+    weights: list[tuple[str, Any]] = [
+        (n, p.detach().clone() + 0.01)
+        for n, p in engine.model.named_parameters()  # type: ignore[attr-defined]
+    ]
+    server.publish(want, weights)
+    deadline = time.monotonic() + 10
+    while engine.version < want and time.monotonic() < deadline:
+        gen._ensure_version(want)
+    assert engine.version == want and gen._fetch_failures == 0
+    session.close("done")

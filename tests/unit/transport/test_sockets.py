@@ -215,6 +215,7 @@ def test_handshake_timeout_names_address_and_setting(
     with pytest.raises(HandshakeTimeout) as info:
         handshake(client, _hello(), timeout_s=0.2)
     assert "transport.handshake_timeout_s" in str(info.value)
+    assert "--handshake-timeout" in str(info.value)  # the flag a service takes
     assert silent.address in str(info.value)
     client.close()
     silent.close()

@@ -1,0 +1,173 @@
+"""The hub side of the session: Hello and Welcome, heartbeats and their deadline, credits,
+leaving. The grouper hands every message to `HubSessions.handle` first; what comes back is
+work (Rollout, Scored, BatchRequest) from a registered peer.
+
+Invariants:
+- a message from an identity the registry does not know changes nothing and is answered with
+  Error(UNREGISTERED): the service says Hello again (it was lost, or the hub restarted);
+- a heartbeat counts only from the instance's main socket or its heartbeat socket
+  (`beat_identity`): a stranger cannot keep a dead peer alive;
+- what a lost, restarted or leaving peer held goes back to the ledger at once;
+- when the rank-0 trainer says Hello with endpoints, every other peer gets a new Welcome;
+- every Welcome carries the same config and digest, also after a restart on the same port
+  (the config's `hub.bind` is the bound address).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from grpo_stream.config import RunConfig
+from grpo_stream.hub import guard
+from grpo_stream.hub.auth import hello_auth, key_roles
+from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.registry import Peer, Registry
+from grpo_stream.hub.shares import ShareBook
+from grpo_stream.protocols import messages as m
+from grpo_stream.session.identity import UNREGISTERED, beat_identity
+from grpo_stream.transport.sockets import Server
+
+log = structlog.get_logger()
+
+Refuse = Callable[[bytes, str, str, str], None]
+"""(identity, code, reason, kind): count, answer with Error and log a refused message."""
+
+
+class RunFacts(Protocol):
+    """What a Welcome tells besides the config: the run and the trainer's version."""
+
+    run_id: str
+    policy_version: int
+
+
+class HubSessions:
+    """Who is joined, and the session messages of each."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        server: Server,
+        registry: Registry,
+        ledger: Ledger,
+        shares: ShareBook,
+        facts: RunFacts,
+        refuse: Refuse,
+    ) -> None:
+        # The config as it runs, port 0 resolved to the bound one: a hub restarted on that
+        # port (as `up` restarts it, `--set hub.bind=...`) welcomes with the same digest.
+        self.cfg = cfg.model_copy(
+            update={"hub": cfg.hub.model_copy(update={"bind": server.address})}
+        )
+        self.server = server
+        self.registry = registry
+        self.ledger = ledger
+        self.shares = shares
+        self.facts = facts
+        self.refuse = refuse
+        self.digest = self.cfg.digest()
+        self.auth = hello_auth(cfg.security.secret_file)  # None: Hellos are not signed
+        self.roles = key_roles(cfg.security)  # None: no CURVE, no key to check roles against
+        self.peers_info: dict[str, Any] = {}  # endpoints the rank-0 trainer announced
+        self.trainer_done = False  # the trainer left with reason "done": the run is over
+
+    def handle(self, identity: bytes, msg: m.Message) -> Peer | None:
+        """Take the session's messages; return the registered sender of any other."""
+        if isinstance(msg, m.Hello):
+            self._on_hello(identity, msg)
+            return None
+        if isinstance(msg, m.Heartbeat):
+            self._on_beat(identity, msg)
+            return None
+        peer = self.registry.by_identity(identity)
+        if peer is None:
+            self._unregistered(identity, msg.KIND)
+            return None
+        self.registry.beat(peer.instance, time.monotonic())  # any message proves liveness
+        if isinstance(msg, m.WorkRequest):
+            peer.credits = max(0, peer.credits + msg.credits)
+            return None
+        if isinstance(msg, m.Shutdown):
+            self._on_leave(peer, msg.reason)
+            return None
+        return peer
+
+    def welcome(self) -> m.Welcome:
+        return m.Welcome(
+            run_id=self.facts.run_id,
+            config=self.cfg.model_dump(mode="json"),
+            config_digest=self.digest,
+            peers=dict(self.peers_info),
+            policy_version=self.facts.policy_version,
+        )
+
+    def expire(self, now: float) -> list[Peer]:
+        """Peers silent past the heartbeat deadline: removed, what they held released."""
+        lost = self.registry.expire(now)
+        for peer in lost:
+            n = self.ledger.release_holder(peer.instance)
+            log.warning(
+                "peer.lost", instance=peer.instance, service=peer.service, host=peer.host,
+                requeued=n,
+            )  # fmt: skip
+        return lost
+
+    def _unregistered(self, identity: bytes, kind: str) -> None:
+        # a lost peer, or one from before a hub restart: tell it to say Hello again
+        self.server.rejected[UNREGISTERED] += 1
+        self.server.send(
+            identity, m.Error(code=UNREGISTERED, message="send Hello first", in_reply_to=kind)
+        )
+
+    def _on_beat(self, identity: bytes, msg: m.Heartbeat) -> None:
+        """Beats come from a side socket: matched by instance, from that peer's sockets only."""
+        known = self.registry.peers.get(msg.instance)
+        if known is not None:
+            beat = beat_identity(known.instance, known.pid).encode()
+            if identity not in (known.identity, beat):
+                self.server.rejected["beat_spoofed"] += 1
+                return
+        self.shares.report_latency(msg.instance, msg.stats.get("hub_rtt_s"))
+        self.shares.report(msg.instance, msg.stats.get("tokens_per_s"))
+        if not self.registry.beat(msg.instance, time.monotonic(), dict(msg.stats)):
+            self._unregistered(identity, msg.KIND)
+
+    def _on_hello(self, identity: bytes, hello: m.Hello) -> None:
+        refused = guard.check_hello(
+            hello, self.registry, self.auth, self.roles, self.server.last_user_id
+        )
+        if refused is not None:
+            self.refuse(identity, "bad_hello", refused, hello.KIND)
+            return
+        old = self.registry.peers.get(hello.instance)
+        if old is not None:  # a restarted instance: what it held is re-dispatched
+            self.ledger.release_holder(old.instance)
+        peer = self.registry.register(
+            Peer(
+                hello.service, hello.instance, identity, hello.host, hello.pid, hello.rank,
+                dict(hello.fingerprint),
+            ),
+            time.monotonic(),
+        )  # fmt: skip
+        if hello.service == "trainer" and hello.rank == 0 and hello.endpoints:
+            self.peers_info.update(hello.endpoints)
+            for other in self.registry.peers.values():
+                if other.instance != peer.instance:
+                    self.server.send(other.identity, self.welcome())
+        if hello.service == "generator":
+            self.shares.join(hello.instance, dict(hello.fingerprint))
+        log.info(
+            "peer.joined", service=hello.service, instance=hello.instance, host=hello.host,
+            joined=peer.joined, devices=peer.describe()["devices"],
+        )  # fmt: skip
+        self.server.send(identity, self.welcome())
+
+    def _on_leave(self, peer: Peer, reason: str) -> None:
+        log.info("peer.leaving", instance=peer.instance, reason=reason)
+        self.ledger.release_holder(peer.instance)
+        self.registry.remove(peer.instance)
+        if peer.service == "trainer" and reason == "done":
+            self.trainer_done = True
