@@ -81,7 +81,9 @@ class HubLink:
         self.client = Client(self.ctx, hub, transport, security, identity=instance)
         self.peers: dict[str, Any] = {}
         self.cfg: RunConfig | None = None
-        self.stats: dict[str, Any] = {}
+        self.stats: dict[str, Any] = {}  # display-only counters in each heartbeat
+        self.hub_rtt_s: float | None = None  # the last Hello -> Welcome round trip
+        self.generator_stats: m.GeneratorStats | None = None  # set by a generator
         # Welcomes that answered our Hello: a new one means the hub (re)registered us and forgot
         # what we asked for, so ask for work again. The hub also sends Welcome unasked when
         # peers change (the trainer's weight server); those only update config and peers.
@@ -121,7 +123,7 @@ class HubLink:
         device score)."""
         t0 = time.perf_counter()
         welcome = handshake(self.client, self._hello(), self.transport.handshake_timeout_s)
-        self.stats["hub_rtt_s"] = round(time.perf_counter() - t0, 6)
+        self.hub_rtt_s = round(time.perf_counter() - t0, 6)
         self._on_welcome(welcome, answered_hello=True)
         return welcome
 
@@ -201,7 +203,7 @@ class HubLink:
         try:
             while not self._hb_stop.wait(self.transport.heartbeat_interval_s):
                 try:
-                    client.send(m.Heartbeat(instance=self.instance, stats=dict(self.stats)))
+                    client.send(self._heartbeat())
                 except TransportError as exc:  # the hub is away: keep trying
                     log.debug("heartbeat.failed", error=str(exc))
                 reply = client.recv(0)
@@ -211,6 +213,14 @@ class HubLink:
                     reply = client.recv(0)
         finally:
             client.close()
+
+    def _heartbeat(self) -> m.Heartbeat:
+        return m.Heartbeat(
+            instance=self.instance,
+            stats=dict(self.stats),
+            hub_rtt_s=self.hub_rtt_s,
+            generator=self.generator_stats,
+        )
 
     def close(self, reason: str) -> None:
         self._hb_stop.set()

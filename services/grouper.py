@@ -30,7 +30,7 @@ from grpo_stream.algo.advantages import batch_window, stream_batch_std
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
-from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
+from grpo_stream.hub.batches import assemble, step_stats
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
@@ -74,7 +74,6 @@ class Grouper:
         self.registry = Registry(cfg.transport.heartbeat_timeout_s)
         self.rollouts: dict[int, m.Rollout] = {}
         self.peers_info: dict[str, Any] = {}
-        self.policy_version = 0
         self.recent_rewards: deque[float] = deque(  # scale="batch": one batch's rewards
             maxlen=batch_window(hub.groups_per_step, cfg.generator.group_size)
         )
@@ -141,7 +140,7 @@ class Grouper:
                 rejected=dict(self.server.rejected),
                 dispatched_to=dict(self.dispatcher.dispatched),
                 tokens_per_s=dict(self.shares.measured),
-                generators={p.instance: p.stats for p in self.registry.of("generator")},
+                generators={p.instance: p.describe() for p in self.registry.of("generator")},
             )
             self.server.close()
             close_context(self.ctx)
@@ -190,9 +189,10 @@ class Grouper:
             if known is not None and identity not in (known.identity, _beat_identity(known)):
                 self.server.rejected["beat_spoofed"] += 1  # not that peer's sockets
                 return
-            self.shares.report_latency(msg.instance, msg.stats.get("hub_rtt_s"))
-            self.shares.report(msg.instance, msg.stats.get("tokens_per_s"))
-            if not self.registry.beat(msg.instance, time.monotonic(), dict(msg.stats)):
+            self.shares.report_latency(msg.instance, msg.hub_rtt_s)
+            if msg.generator is not None:
+                self.shares.report(msg.instance, msg.generator.tokens_per_s)
+            if not self.registry.beat(msg.instance, time.monotonic(), msg):
                 self.server.rejected["unregistered"] += 1
                 # a lost peer, or one from before a hub restart: tell it to say Hello again
                 self.server.send(
@@ -281,7 +281,7 @@ class Grouper:
             config=self.cfg.model_dump(mode="json"),
             config_digest=self.cfg.digest(),
             peers=dict(self.peers_info),
-            policy_version=self.policy_version,
+            policy_version=self.ledger.trainer_version,
         )
 
     def _on_work_request(self, peer: Peer, msg: m.WorkRequest) -> None:
@@ -370,28 +370,27 @@ class Grouper:
                 ),
             )
             return
-        refused = guard.check_batch_request(msg, self.desk, self.cfg.hub.max_staleness)
+        refused = guard.check_batch_request(msg, self.desk)
         if refused is not None:
             self._refuse(peer.identity, "bad_batch_request", refused, msg.KIND)
             return
-        self.policy_version = msg.trainer_version
-        self.ledger.observe_trainer(msg.trainer_version)
-        self.desk.add(peer.identity, msg)
+        self.desk.add(peer.identity, msg)  # the desk tells the ledger the trainer's version
 
     # ----- work out ---------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
         self.dispatcher.generators(now)
         self.dispatcher.scorers(now, self.rollouts)
 
-    def _batch_stats(self, groups: list[Group]) -> dict[str, Any]:
+    def _batch_stats(self, groups: list[Group]) -> m.StepStats:
         """A step's statistics; the filtered groups' rewards start a new window."""
-        stats = {
-            **{f"groups_{k}": v for k, v in self.ledger.summary().items()},
-            **reward_stats(groups, self.window_rewards),
-            **generator_stats(self.registry.of("generator")),
-            "buffer_size": len(self.buffer),
-            "peers_lost": self.registry.lost_total,
-        }
+        stats = step_stats(
+            groups,
+            self.window_rewards,
+            self.ledger,
+            self.registry.of("generator"),
+            len(self.buffer),
+            self.registry.lost_total,
+        )
         self.window_rewards = []
         return stats
 
@@ -408,7 +407,7 @@ class Grouper:
         return m.Status(
             services=self.registry.describe(),
             counters=counters,
-            policy_version=self.policy_version,
+            policy_version=self.ledger.trainer_version,
         )
 
     def _send(self, identity: bytes, msg: m.Message) -> bool:
@@ -427,7 +426,6 @@ class Grouper:
                 "run_id": self.run_id,
                 "ledger": self.ledger.state(),
                 "buffer": self.buffer.state(),
-                "policy_version": self.policy_version,
                 "recent_rewards": list(self.recent_rewards),
                 "desk": self.desk.state(),
             },
@@ -443,7 +441,6 @@ class Grouper:
             self.run_id = str(state["run_id"])
             self.buffer.load_state(state["buffer"])
             self.ledger.load_state(state["ledger"], scored=set())
-            self.policy_version = int(state["policy_version"])
             self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
             self.desk.load_state(state["desk"])
         # sends the checkpoint does not cover (all of them if the hub never wrote one)

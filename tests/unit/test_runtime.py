@@ -92,7 +92,9 @@ def _drain(link: HubLink, seconds: float = 1.0) -> None:
 def test_connect_counts_one_join_and_measures_the_round_trip(link: HubLink, hub: FakeHub) -> None:
     assert link.joins == 1
     assert len(hub.hellos) == 1
-    assert 0 < link.stats["hub_rtt_s"] < 30  # sent to the hub with every heartbeat
+    rtt = link.hub_rtt_s
+    assert rtt is not None and 0 < rtt < 30
+    assert link._heartbeat().hub_rtt_s == rtt  # sent to the hub with every heartbeat
 
 
 def test_unasked_welcome_updates_peers_without_a_new_join(link: HubLink, hub: FakeHub) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from grpo_stream.hub.batches import reward_stats
 from grpo_stream.hub.replay import Group
+from grpo_stream.protocols.messages import SamplingParams
 
 
 def _group(rewards: list[float]) -> Group:
@@ -22,13 +23,14 @@ def _group(rewards: list[float]) -> Group:
         rewards=np.array(rewards, np.float32),
         advantages=np.zeros(g, np.float32),
         valid=~np.isnan(np.array(rewards)),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
     )
 
 
 def test_reward_counts_filtered_groups_and_skips_nan() -> None:
-    stats = reward_stats([_group([1.0, 0.0, float("nan")])], filtered_rewards=[1.0, 1.0])
-    assert stats["reward_mean"] == 0.75 and stats["pass_rate"] == 0.75
+    mean, _, pass_rate = reward_stats([_group([1.0, 0.0, float("nan")])], [1.0, 1.0])
+    assert mean == 0.75 and pass_rate == 0.75
 
 
 def test_no_rewards_give_nan_not_zero() -> None:
-    assert math.isnan(reward_stats([], [])["reward_mean"])
+    assert all(math.isnan(x) for x in reward_stats([], []))

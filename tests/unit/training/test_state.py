@@ -68,7 +68,7 @@ def test_log_prob_gap_is_reported_per_staleness(state_factory: Any) -> None:
     state.version = 3
     rng = np.random.default_rng(0)
     groups = [make_group(0, rng, version=3), make_group(1, rng, version=1)]
-    batch = build_batch(0, groups, 3, {})
+    batch = build_batch(0, groups)
     exact = trainer_logprobs(state, batch)
     n0 = int(groups[0].completion_offsets[-1])
     shift = np.concatenate([np.full(n0, 0.1), np.full(len(exact) - n0, -0.5)])
