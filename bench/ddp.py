@@ -24,21 +24,10 @@ from typing import Any
 
 
 def _model(seed: int) -> Any:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from grpo_stream.models.testing import tiny_qwen2
 
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )  # about 10M parameters
-    return Qwen2ForCausalLM(config)
+    shape = dict(hidden=256, intermediate=1024, layers=8, heads=4, kv_heads=2, positions=256)
+    return tiny_qwen2(4096, seed, train=True, **shape)  # about 10M parameters
 
 
 def _step_overlap(wrapped: Any, opt: Any, ids: Any) -> float:

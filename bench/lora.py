@@ -78,6 +78,7 @@ def _batch(seed: int) -> Any:
 
     from grpo_stream.hub.batches import build_batch
     from grpo_stream.hub.replay import Group
+    from grpo_stream.protocols.messages import SamplingParams
 
     rng = np.random.default_rng(seed)
     groups = []
@@ -94,8 +95,9 @@ def _batch(seed: int) -> Any:
             rewards=rewards,
             advantages=((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32),
             valid=np.ones(8, dtype=bool),
+            sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
         ))  # fmt: skip
-    return build_batch(0, groups, 0, {})
+    return build_batch(0, groups)
 
 
 def _optimizer_bytes(optimizer: Any) -> int:

@@ -33,21 +33,10 @@ from grpo_stream.training.offpolicy import proximal_logprobs
 
 
 def build_model(vocab: int) -> Any:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from grpo_stream.models.testing import tiny_qwen2
 
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=128,
-        intermediate_size=512,
-        num_hidden_layers=5,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    model = Qwen2ForCausalLM(config)  # float32 parameters
-    model.train()
-    return model
+    shape = dict(hidden=128, intermediate=512, layers=5, heads=4, kv_heads=2, positions=128)
+    return tiny_qwen2(vocab, seed=0, train=True, **shape)  # float32 parameters
 
 
 def make_batch(batch: int, tokens: int, vocab: int) -> dict[str, torch.Tensor]:

@@ -132,6 +132,7 @@ def _groups(
 
     from grpo_stream.algo.advantages import drops_group, group_advantages
     from grpo_stream.hub.replay import Group
+    from grpo_stream.protocols.messages import SamplingParams
 
     a = sim.args
     indices = list(range(cursor, cursor + count))
@@ -160,6 +161,7 @@ def _groups(
                 rewards=rewards.numpy().astype(np.float32),
                 advantages=adv.advantages.numpy().astype(np.float32),
                 valid=adv.valid_mask.numpy().astype(bool),
+                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=a.max_tokens),
             )
         )
     return out, total / len(indices)
@@ -198,7 +200,7 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, run: int) -> dict[s
             recent.append(fresh)
         if not groups:
             continue
-        result = state.train_step(build_batch(state.step, groups, state.version, {}))
+        result = state.train_step(build_batch(state.step, groups))
         if result.applied:
             rewards.append(sampled_reward)  # of the (stale) policy that sampled this step
             gaps.append(result.metrics["logp_gap"])

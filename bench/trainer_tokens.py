@@ -61,6 +61,7 @@ def make_batch(args: argparse.Namespace, seed: int, sequences: int) -> Any:
 
     from grpo_stream.hub.batches import build_batch
     from grpo_stream.hub.replay import Group
+    from grpo_stream.protocols.messages import SamplingParams
 
     rng = np.random.default_rng(seed)
     groups = []
@@ -82,9 +83,10 @@ def make_batch(args: argparse.Namespace, seed: int, sequences: int) -> Any:
                 rewards=rewards,
                 advantages=adv,
                 valid=np.ones(GROUP, dtype=bool),
+                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_len),
             )
         )
-    return build_batch(1, groups, 0, {})
+    return build_batch(1, groups)
 
 
 def make_state(args: argparse.Namespace, model: str, run_dir: Path, *extra: str) -> Any:

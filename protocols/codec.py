@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgpack
 import numpy as np
 
-from grpo_stream.protocols.messages import MESSAGES, Array, FieldSpec, Message, schema
+from grpo_stream.protocols.messages import MESSAGES, Array, FieldSpec, Message, Struct, schema
 
 if TYPE_CHECKING:
     import torch
@@ -212,6 +212,29 @@ def _native(value: Any, where: str, encoding: bool) -> None:
             raise ProtocolError("bad_type", f"{where}: {type(item).__name__} is not msgpack-native")
 
 
+def _struct(cls: type[Struct], value: Any, where: str, encoding: bool) -> Any:
+    """Encoding: a `cls` instance -> its map (fields in declaration order). Decoding: a map
+    with exactly `cls`'s fields -> a `cls` instance. Each field is checked like a message's."""
+    specs = schema(cls)
+    if encoding:
+        if type(value) is not cls:
+            got = type(value).__name__
+            raise ProtocolError("bad_type", f"{where}: expected {cls.__name__}, got {got}")
+        return {
+            s.name: check_value(s, getattr(value, s.name), f"{where}.{s.name}", True) for s in specs
+        }
+    if type(value) is not dict:
+        raise ProtocolError("bad_type", f"{where}: expected a {cls.__name__} map")
+    names = [s.name for s in specs]
+    if value.keys() != set(names):
+        extra = sorted(str(k) for k in value if k not in names)
+        if extra:
+            raise ProtocolError("unknown_field", f"{where}: unknown fields {extra}")
+        missing = [n for n in names if n not in value]
+        raise ProtocolError("missing_field", f"{where}: missing fields {missing}")
+    return cls(**{s.name: check_value(s, value[s.name], f"{where}.{s.name}") for s in specs})
+
+
 def check_value(spec: FieldSpec, value: Any, where: str, encoding: bool = False) -> Any:
     """The value of a non-array field after type checks (ints widened to float where due)."""
     if value is None and spec.optional:
@@ -219,6 +242,8 @@ def check_value(spec: FieldSpec, value: Any, where: str, encoding: bool = False)
     kind = spec.kind
     if kind in _SCALARS:
         return _scalar(kind, value, where)
+    if kind == "struct" and spec.struct is not None:
+        return _struct(spec.struct, value, where, encoding)
     if kind in ("dict", "list_dict"):
         items = [value] if kind == "dict" else value
         if kind == "list_dict" and not isinstance(value, list):

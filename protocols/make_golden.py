@@ -50,6 +50,29 @@ def read_frames(path: Path) -> list[bytes]:
     return frames
 
 
+def step_stats_example() -> m.StepStats:
+    return m.StepStats(
+        reward_mean=0.5,
+        reward_std=0.5,
+        pass_rate=0.5,
+        staleness_mean=1.0,
+        groups_dispatched=20,
+        groups_trained=12,
+        groups_filtered=3,
+        groups_stale=1,
+        groups_failed=0,
+        groups_discarded=0,
+        groups_in_progress=4,
+        groups_redispatched=2,
+        groups_duplicates_dropped=0,
+        buffer_size=2,
+        peers_lost=0,
+        gen_instances=["gen-0", "gen-1"],
+        gen_tokens_per_s=[1234.5, 987.25],
+        gen_wait_s=2.5,
+    )
+
+
 def _data_examples() -> list[m.Message]:
     completion = np.array([5, 6, 7, 8, 9, 10, 11], dtype=np.int32)
     return [
@@ -59,9 +82,7 @@ def _data_examples() -> list[m.Message]:
             prompts=["1+2=", "3+4="],
             references=[{"answer": "3"}, {"answer": "7"}],
             group_size=2,
-            max_tokens=8,
-            temperature=1.0,
-            top_p=0.95,
+            sampling=m.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8),
             min_version=3,
         ),
         m.Rollout(
@@ -78,6 +99,7 @@ def _data_examples() -> list[m.Message]:
             texts=["3", "4 "],
             truncated=[False, True],
             gen_seconds=0.25,
+            sampling=m.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8),
         ),
         m.ScoreRequest(
             lease_id=9, group_id=100, prompt="1+2=", completions=["3", "4 "], reference={"a": "3"}
@@ -100,7 +122,9 @@ def _data_examples() -> list[m.Message]:
             advantages=np.array([0.7071, -0.7071], dtype=np.float32),
             rewards=np.array([1.0, 0.0], dtype=np.float32),
             versions=np.array([4, 4], dtype=np.int32),
-            stats={"dropped_stale": 0, "mean_reward": 0.5},
+            totals=m.BatchTotals(num_seqs=2, num_tokens=5),
+            sampling=m.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8),
+            stats=step_stats_example(),
         ),
         m.WeightsChunk(
             version=5,
@@ -140,7 +164,14 @@ def _control_examples() -> list[m.Message]:
             peers={"weights": "tcp://127.0.0.1:5601", "announce": "tcp://127.0.0.1:5602"},
             policy_version=3,
         ),
-        m.Heartbeat(instance="gen-0", stats={"tokens_per_s": 1234.5, "busy": True}),
+        m.Heartbeat(
+            instance="gen-0",
+            stats={"busy": True},
+            hub_rtt_s=0.0015,
+            generator=m.GeneratorStats(
+                tokens_per_s=1234.5, wait_s=2.5, version=4, batches=9, prompts_total=36, busy_s=1.75
+            ),
+        ),
         m.WorkRequest(instance="gen-0", credits=16),
         m.BatchRequest(step=12, trainer_version=4, rank=0, world_size=1),
         m.WeightsAnnounce(version=5, num_tensors=3, total_bytes=32, checksum=42),

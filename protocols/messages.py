@@ -4,7 +4,15 @@ Invariants:
 - Every message class has a unique `KIND` and appears in `MESSAGES`.
 - Field types are limited to what the codec can carry (see `FIELD_KINDS`): int, float, str,
   bool, `X | None` of those, list[str|int|float|bool], dict[str, Any] and
-  list[dict[str, Any]] of msgpack-native values, `Array` and `list[Array]`.
+  list[dict[str, Any]] of msgpack-native values, `Array` and `list[Array]`, and a `Struct`
+  (`X` or `X | None`): a typed record of scalar and list fields that travels as a map.
+- Load-bearing data is typed (a `Struct` or plain fields), never read back from a free-form
+  map with a default. The `dict[str, Any]` fields left are free-form by nature: `Hello`'s
+  hardware fingerprint (nested device lists, NVML or CPU) and endpoints (named addresses);
+  `Welcome`'s config (the RunConfig as JSON, validated by pydantic on receipt) and peers (named
+  addresses); the task references (each task's own answer format, read by its reward
+  function); `Heartbeat.stats` and `Status`' services and counters (display only: shown by
+  `grpo-stream status`, never read back by the hub).
 - Ragged data is a flat array plus an int64 offsets array (len = items + 1), never lists
   of lists: item i is `flat[offsets[i]:offsets[i + 1]]`.
 - Arrays decode as numpy arrays (read-only views over the received frames are allowed);
@@ -35,6 +43,7 @@ FieldKind = Literal[
     "list_dict",
     "array",
     "list_array",
+    "struct",
 ]
 
 FIELD_KINDS: dict[str, FieldKind] = {
@@ -51,38 +60,53 @@ FIELD_KINDS: dict[str, FieldKind] = {
     "Array": "array",
     "list[Array]": "list_array",
 }
-"""Annotation text -> wire kind. Any other annotation on a message field is a bug."""
+"""Annotation text -> wire kind (a `Struct` class name is kind "struct", see `STRUCTS`). Any
+other annotation on a message field is a bug."""
 
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One field of a message as the codec sees it."""
+    """One field of a message (or of a struct) as the codec sees it."""
 
     name: str
     kind: FieldKind
     optional: bool
+    struct: type[Struct] | None = None  # the record class of a "struct" field
+
+
+@dataclass
+class Struct:
+    """Base of a typed record nested in a message: a map of its fields, in declaration order,
+    on the wire. Its fields are scalars, `X | None` and lists (no arrays, no structs: one
+    level of nesting, so decoding depth stays bounded). Registered in `STRUCTS`."""
 
 
 _SCHEMAS: dict[str, tuple[FieldSpec, ...]] = {}
 
 
-def schema(cls: type[Message]) -> tuple[FieldSpec, ...]:
-    """The fields of a message class in declaration order (the wire order); cached."""
+def schema(cls: type[Message] | type[Struct]) -> tuple[FieldSpec, ...]:
+    """The fields of a message or struct class in declaration order (the wire order); cached."""
     key = f"{cls.__module__}.{cls.__qualname__}"
     cached = _SCHEMAS.get(key)
     if cached is not None:
         return cached
     specs = []
+    nested = issubclass(cls, Struct)
     for f in fields(cls):
         text = str(f.type).replace(" ", "")
         optional = text.endswith("|None")
         base = text.removesuffix("|None")
+        struct = STRUCTS.get(base)
         matches = [kind for ann, kind in FIELD_KINDS.items() if ann.replace(" ", "") == base]
+        if struct is not None:
+            matches = ["struct"]
         if not matches:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported wire type {f.type!r}")
         if optional and matches[0] in ("array", "list_array"):
             raise TypeError(f"{cls.__name__}.{f.name}: arrays cannot be optional")
-        specs.append(FieldSpec(f.name, matches[0], optional))
+        if nested and matches[0] in ("array", "list_array", "struct"):
+            raise TypeError(f"{cls.__name__}.{f.name}: a struct holds no arrays or structs")
+        specs.append(FieldSpec(f.name, matches[0], optional, struct))
     _SCHEMAS[key] = tuple(specs)
     return _SCHEMAS[key]
 
@@ -117,6 +141,74 @@ class Message:
         return True
 
 
+# ----- structs: typed records inside messages --------------------------------------------
+
+
+@dataclass
+class SamplingParams(Struct):
+    """How a group's completions were sampled. The hub sets it in PromptBatch, the generator
+    echoes it in Rollout, the hub in TrainBatch: the trainer computes log-probs at the
+    temperature the data was sampled with, not at one of its own config."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+
+@dataclass
+class BatchTotals(Struct):
+    """The loss normalisers of a whole step: sequences and completion tokens over all of its
+    trainer ranks' shards (each rank normalises its part by these, so the ranks' averaged
+    gradients equal the single-process one)."""
+
+    num_seqs: int
+    num_tokens: int
+
+
+@dataclass
+class StepStats(Struct):
+    """What the hub knew when it served a step: reward, staleness and the ledger's counters
+    (cumulative), the buffer, and the generators' heartbeats. The trainer writes these into
+    metrics.jsonl with its own."""
+
+    reward_mean: float  # NaN: no finite reward in the step's groups
+    reward_std: float
+    pass_rate: float
+    staleness_mean: float  # versions behind the trainer, over the step's sequences
+    groups_dispatched: int
+    groups_trained: int
+    groups_filtered: int
+    groups_stale: int
+    groups_failed: int
+    groups_discarded: int
+    groups_in_progress: int
+    groups_redispatched: int
+    groups_duplicates_dropped: int
+    buffer_size: int
+    peers_lost: int
+    gen_instances: list[str]  # generators that reported a heartbeat, in registry order
+    gen_tokens_per_s: list[float]  # their throughput, in the same order
+    gen_wait_s: float  # their total time waiting for work
+
+
+@dataclass
+class GeneratorStats(Struct):
+    """A generator's counters in its heartbeat (throughput feeds the hub's work shares)."""
+
+    tokens_per_s: float  # while generating (idle time excluded)
+    wait_s: float  # total time waiting for work
+    version: int  # the policy version its engine holds
+    batches: int
+    prompts_total: int
+    busy_s: float
+
+
+STRUCTS: dict[str, type[Struct]] = {
+    cls.__name__: cls for cls in (SamplingParams, BatchTotals, StepStats, GeneratorStats)
+}
+"""Every struct class by its name (the annotation text of a struct field)."""
+
+
 @dataclass(eq=False)
 class Hello(Message):
     """A service announces itself to the hub (first message on connect)."""
@@ -147,11 +239,15 @@ class Welcome(Message):
 
 @dataclass(eq=False)
 class Heartbeat(Message):
-    """A service is alive; `stats` carries its recent counters and throughput."""
+    """A service is alive; with its round trip to the hub and, from a generator, its stats."""
 
     KIND: ClassVar[str] = "heartbeat"
     instance: str
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)  # display only (`status`), free-form
+    hub_rtt_s: float | None = None
+    """Its last Hello -> Welcome round trip (the latency term of the device score)."""
+    generator: GeneratorStats | None = None
+    """A generator's counters (None from other services)."""
 
 
 @dataclass(eq=False)
@@ -173,9 +269,7 @@ class PromptBatch(Message):
     prompts: list[str]
     references: list[dict[str, Any]]
     group_size: int
-    max_tokens: int
-    temperature: float
-    top_p: float
+    sampling: SamplingParams
     min_version: int
 
 
@@ -197,6 +291,7 @@ class Rollout(Message):
     texts: list[str]
     truncated: list[bool]
     gen_seconds: float
+    sampling: SamplingParams  # echoed from the PromptBatch
 
 
 @dataclass(eq=False)
@@ -250,7 +345,9 @@ class TrainBatch(Message):
     advantages: Array  # float32 (S,)
     rewards: Array  # float32 (S,)
     versions: Array  # int32 (S,): policy version that generated each sequence
-    stats: dict[str, Any] = field(default_factory=dict)
+    totals: BatchTotals  # the whole step's loss normalisers (all ranks' shards)
+    sampling: SamplingParams  # how every sequence in it was sampled
+    stats: StepStats
 
 
 @dataclass(eq=False)

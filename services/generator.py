@@ -164,9 +164,9 @@ class Generator:
         samples = self.engine.generate(
             list(batch.prompts),
             batch.group_size,
-            batch.max_tokens,
-            batch.temperature,
-            batch.top_p,
+            batch.sampling.max_tokens,
+            batch.sampling.temperature,
+            batch.sampling.top_p,
             seed=self.cfg.run.seed * 1_000_003 + int(batch.lease_id),
         )
         seconds = time.perf_counter() - t0
@@ -177,16 +177,14 @@ class Generator:
         for gid, prompt, ref, sample in zip(
             batch.group_ids, batch.prompts, batch.references, samples, strict=False
         ):
-            tokens += self._send_rollout(
-                batch.lease_id, int(gid), prompt, dict(ref), sample, seconds
-            )
+            tokens += self._send_rollout(batch, int(gid), prompt, dict(ref), sample, seconds)
         self.batches += 1
         self.prompts_total += len(samples)
         self.tokens_total += tokens
         self.busy_s += seconds
         # throughput while generating (idle time excluded): what this device can deliver
         self.tokens_per_s = self.tokens_total / max(self.busy_s, 1e-9)
-        self.link.stats.update(
+        self.link.generator_stats = m.GeneratorStats(
             tokens_per_s=round(self.tokens_per_s, 2),
             wait_s=round(self.wait_s, 3),
             version=self.engine.version,
@@ -198,7 +196,7 @@ class Generator:
 
     def _send_rollout(
         self,
-        lease_id: int,
+        batch: m.PromptBatch,
         group_id: int,
         prompt: str,
         ref: dict[str, object],
@@ -213,7 +211,7 @@ class Generator:
         flat_lp = [lp for c in comps for lp in c.logprobs]
         self.link.send(
             m.Rollout(
-                lease_id=lease_id,
+                lease_id=batch.lease_id,
                 group_id=group_id,
                 instance=self.link.instance,
                 policy_version=self.engine.version,
@@ -226,6 +224,7 @@ class Generator:
                 texts=[c.text for c in comps],
                 truncated=[c.truncated for c in comps],
                 gen_seconds=seconds,
+                sampling=batch.sampling,
             )
         )
         return int(offsets[-1])

@@ -30,7 +30,7 @@ from grpo_stream.algo.advantages import batch_window, stream_batch_std
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
-from grpo_stream.hub.batches import assemble, generator_stats, reward_stats
+from grpo_stream.hub.batches import assemble, step_stats
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
@@ -74,7 +74,6 @@ class Grouper:
         )
         self.registry = Registry(cfg.transport.heartbeat_timeout_s)
         self.rollouts: dict[int, m.Rollout] = {}
-        self.policy_version = 0
         self.recent_rewards: deque[float] = deque(  # scale="batch": one batch's rewards
             maxlen=batch_window(hub.groups_per_step, cfg.generator.group_size)
         )
@@ -144,7 +143,7 @@ class Grouper:
                 rejected=dict(self.server.rejected),
                 dispatched_to=dict(self.dispatcher.dispatched),
                 tokens_per_s=dict(self.shares.measured),
-                generators={p.instance: p.stats for p in self.registry.of("generator")},
+                generators={p.instance: p.describe() for p in self.registry.of("generator")},
             )
             self.server.close()
             close_context(self.ctx)
@@ -208,6 +207,11 @@ class Grouper:
         if count is not None:
             log.warning("hub.refused", code=code, reason=reason, kind=kind, count=count)
         self.server.send(identity, m.Error(code=code, message=reason, in_reply_to=kind))
+
+    @property
+    def policy_version(self) -> int:
+        """The trainer's version as the Ledger (its one owner) knows it: told in Welcome."""
+        return self.ledger.trainer_version
 
     def _on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
         refused = guard.check_rollout(msg, self.cfg.generator.group_size)
@@ -285,28 +289,27 @@ class Grouper:
                 ),
             )
             return
-        refused = guard.check_batch_request(msg, self.desk, self.cfg.hub.max_staleness)
+        refused = guard.check_batch_request(msg, self.desk)
         if refused is not None:
             self._refuse(peer.identity, "bad_batch_request", refused, msg.KIND)
             return
-        self.policy_version = msg.trainer_version
-        self.ledger.observe_trainer(msg.trainer_version)
-        self.desk.add(peer.identity, msg)
+        self.desk.add(peer.identity, msg)  # the desk tells the ledger the trainer's version
 
     # ----- work out ---------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
         self.dispatcher.generators(now)
         self.dispatcher.scorers(now, self.rollouts)
 
-    def _batch_stats(self, groups: list[Group]) -> dict[str, Any]:
+    def _batch_stats(self, groups: list[Group]) -> m.StepStats:
         """A step's statistics; the filtered groups' rewards start a new window."""
-        stats = {
-            **{f"groups_{k}": v for k, v in self.ledger.summary().items()},
-            **reward_stats(groups, self.window_rewards),
-            **generator_stats(self.registry.of("generator")),
-            "buffer_size": len(self.buffer),
-            "peers_lost": self.registry.lost_total,
-        }
+        stats = step_stats(
+            groups,
+            self.window_rewards,
+            self.ledger,
+            self.registry.of("generator"),
+            len(self.buffer),
+            self.registry.lost_total,
+        )
         self.window_rewards = []
         return stats
 
@@ -323,7 +326,7 @@ class Grouper:
         return m.Status(
             services=self.registry.describe(),
             counters=counters,
-            policy_version=self.policy_version,
+            policy_version=self.ledger.trainer_version,
         )
 
     def _send(self, identity: bytes, msg: m.Message) -> bool:
@@ -342,7 +345,6 @@ class Grouper:
                 "run_id": self.run_id,
                 "ledger": self.ledger.state(),
                 "buffer": self.buffer.state(),
-                "policy_version": self.policy_version,
                 "recent_rewards": list(self.recent_rewards),
                 "desk": self.desk.state(),
             },
@@ -358,7 +360,6 @@ class Grouper:
             self.run_id = str(state["run_id"])
             self.buffer.load_state(state["buffer"])
             self.ledger.load_state(state["ledger"], scored=set())
-            self.policy_version = int(state["policy_version"])
             self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
             self.desk.load_state(state["desk"])
         # sends the checkpoint does not cover (all of them if the hub never wrote one)

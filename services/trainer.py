@@ -30,6 +30,7 @@ from grpo_stream.exits import EXIT_HUB_GONE
 from grpo_stream.protocols import messages as m
 from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.training.device import release_cache
+from grpo_stream.training.metrics import hub_columns
 from grpo_stream.training.sinks import Sink, make_sinks
 from grpo_stream.training.versions import VersionMark, resumed_version
 
@@ -187,27 +188,13 @@ class Trainer:
     def _record(
         self, batch: m.TrainBatch, metrics: dict[str, Any], seconds: float, waited: float
     ) -> None:
-        stats = dict(batch.stats)
-        tokens = len(batch.behaviour_logprobs)
-        gen_rates = stats.get("gen_tokens_per_s", {})
         row = {
             "step": self.state.step,
-            "reward_mean": stats.get("reward_mean"),
-            "reward_std": stats.get("reward_std"),
-            "pass_rate": stats.get("pass_rate"),
+            **hub_columns(batch.stats),
             **metrics,
             "policy_version": self.state.version,
-            "staleness_mean": stats.get("staleness_mean", 0.0),
-            "groups_trained": stats.get("groups_trained", 0),
-            "groups_filtered": stats.get("groups_filtered", 0),
-            "groups_stale": stats.get("groups_stale", 0),
-            "groups_failed": stats.get("groups_failed", 0),
-            "groups_redispatched": stats.get("groups_redispatched", 0),
             "sequences": len(batch.advantages),
-            "tokens": tokens,
-            "tokens_per_s": sum(gen_rates.values()) if isinstance(gen_rates, dict) else 0.0,
-            "gen_tokens_per_s": gen_rates,
-            "gen_wait_s": stats.get("gen_wait_s", 0.0),
+            "tokens": len(batch.behaviour_logprobs),
             "trainer_wait_s": waited,
             "trainer_wait_total_s": self.wait_total,
             "step_seconds": seconds,

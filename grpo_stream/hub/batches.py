@@ -9,16 +9,23 @@ Completions whose reward failed (NaN) or that are empty carry no signal and are 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from grpo_stream.algo.settings import AdvantageSettings
-from grpo_stream.hub.ledger import staleness
+from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group
-from grpo_stream.protocols.messages import Rollout, Scored, TrainBatch
+from grpo_stream.protocols.messages import (
+    BatchTotals,
+    Rollout,
+    SamplingParams,
+    Scored,
+    StepStats,
+    TrainBatch,
+)
 
 
 @dataclass
@@ -52,22 +59,54 @@ def assemble(
         advantages=result.advantages.numpy().astype(np.float32),
         valid=valid,
         truncated=list(rollout.truncated),
+        sampling=rollout.sampling,
     )
     return Assembled(group=group, zero_signal=bool(result.zero_signal), failed=not valid.any())
 
 
-def build_batch(
-    step: int, groups: list[Group], trainer_version: int, stats: dict[str, Any]
+def kept(g: Group) -> Iterator[tuple[int, int, int]]:
+    """(completion, start, end) of each completion of `g` that becomes a sequence: a valid
+    reward and at least one token."""
+    for i in range(g.size):
+        lo, hi = int(g.completion_offsets[i]), int(g.completion_offsets[i + 1])
+        if g.valid[i] and hi > lo:
+            yield i, lo, hi
+
+
+def build_step(
+    step: int, groups: list[Group], stats: StepStats, world: int = 1
+) -> list[TrainBatch]:
+    """The step's TrainBatch shards, one per trainer rank (rank r gets groups r, r+W, ...),
+    each with the whole step's totals (the ranks' loss normalisers)."""
+    if not groups:
+        raise ValueError(f"step {step}: no groups to train on")
+    samplings = {(s.temperature, s.top_p, s.max_tokens) for s in (g.sampling for g in groups)}
+    if len(samplings) > 1:
+        raise ValueError(f"step {step}: its groups were sampled differently: {sorted(samplings)}")
+    seqs = [(g, lo, hi) for g in groups for _, lo, hi in kept(g)]
+    totals = BatchTotals(num_seqs=len(seqs), num_tokens=sum(hi - lo for _, lo, hi in seqs))
+    return [_shard(step, groups[r::world], totals, groups[0].sampling, stats) for r in range(world)]
+
+
+def build_batch(step: int, groups: list[Group], stats: StepStats | None = None) -> TrainBatch:
+    """One single-rank TrainBatch; without `stats` (a batch built outside a hub: tests,
+    benchmarks) the statistics are the groups' own (`offline_stats`)."""
+    return build_step(step, groups, offline_stats(groups) if stats is None else stats)[0]
+
+
+def _shard(
+    step: int,
+    groups: list[Group],
+    totals: BatchTotals,
+    sampling: SamplingParams,
+    stats: StepStats,
 ) -> TrainBatch:
     """Flatten groups into one TrainBatch (sequences in group order)."""
     ids: list[np.ndarray] = []
     logps: list[np.ndarray] = []
     prompt_lens, advs, rewards, versions = [], [], [], []
     for g in groups:
-        for i in range(g.size):
-            lo, hi = int(g.completion_offsets[i]), int(g.completion_offsets[i + 1])
-            if not g.valid[i] or hi == lo:
-                continue
+        for i, lo, hi in kept(g):
             ids.append(np.concatenate([g.prompt_ids, g.completion_ids[lo:hi]]))
             logps.append(g.logprobs[lo:hi])
             prompt_lens.append(len(g.prompt_ids))
@@ -89,33 +128,87 @@ def build_batch(
         advantages=np.array(advs, dtype=np.float32),
         rewards=np.array(rewards, dtype=np.float32),
         versions=np.array(versions, dtype=np.int32),
-        stats={
-            **stats,
-            "staleness_mean": float(np.mean([staleness(trainer_version, v) for v in versions]))
-            if versions
-            else 0.0,
-        },
+        totals=totals,
+        sampling=sampling,
+        stats=stats,
     )
 
 
-def reward_stats(groups: list[Group], filtered_rewards: list[float]) -> dict[str, float]:
-    """Reward of a step: over the batch's groups and the groups filtered since the last batch
-    (all-correct and all-wrong groups count too, or the mean would be biased)."""
+def step_stats(
+    groups: list[Group],
+    filtered_rewards: list[float],
+    ledger: Ledger,
+    generators: list[Peer],
+    buffer_size: int,
+    peers_lost: int,
+) -> StepStats:
+    """A step's statistics as the hub knows them when it serves the step."""
+    mean, std, pass_rate = reward_stats(groups, filtered_rewards)
+    c = ledger.counters
+    reports = [p.generator for p in generators if p.generator is not None]
+    return StepStats(
+        reward_mean=mean,
+        reward_std=std,
+        pass_rate=pass_rate,
+        staleness_mean=mean_staleness(groups, ledger.staleness),
+        groups_dispatched=c["dispatched"],
+        groups_trained=c["trained"],
+        groups_filtered=c["filtered"],
+        groups_stale=c["stale"],
+        groups_failed=c["failed"],
+        groups_discarded=c["discarded"],
+        groups_in_progress=ledger.in_pipeline(),
+        groups_redispatched=c["redispatched"],
+        groups_duplicates_dropped=c["duplicates_dropped"],
+        buffer_size=buffer_size,
+        peers_lost=peers_lost,
+        gen_instances=[p.instance for p in generators if p.generator is not None],
+        gen_tokens_per_s=[r.tokens_per_s for r in reports],
+        gen_wait_s=float(sum(r.wait_s for r in reports)),
+    )
+
+
+def offline_stats(groups: list[Group]) -> StepStats:
+    """StepStats of groups batched outside a hub: their rewards; no ledger, no generators."""
+    mean, std, pass_rate = reward_stats(groups, [])
+    return StepStats(
+        reward_mean=mean,
+        reward_std=std,
+        pass_rate=pass_rate,
+        staleness_mean=0.0,
+        groups_dispatched=0,
+        groups_trained=0,
+        groups_filtered=0,
+        groups_stale=0,
+        groups_failed=0,
+        groups_discarded=0,
+        groups_in_progress=0,
+        groups_redispatched=0,
+        groups_duplicates_dropped=0,
+        buffer_size=0,
+        peers_lost=0,
+        gen_instances=[],
+        gen_tokens_per_s=[],
+        gen_wait_s=0.0,
+    )
+
+
+def mean_staleness(groups: list[Group], staleness: Callable[[int], int]) -> float:
+    """Mean versions behind the trainer over the sequences the groups become (`staleness`:
+    the ledger's, the one owner)."""
+    behind = [staleness(g.policy_version) for g in groups for _ in kept(g)]
+    return float(np.mean(behind)) if behind else 0.0
+
+
+def reward_stats(groups: list[Group], filtered_rewards: list[float]) -> tuple[float, float, float]:
+    """(mean, std, pass rate) of a step's rewards: over the batch's groups and the groups
+    filtered since the last batch (all-correct and all-wrong groups count too, or the mean
+    would be biased); NaN when there is none."""
     rewards = [float(r) for g in groups for r in g.rewards if np.isfinite(r)] + filtered_rewards
     if not rewards:
-        return {"reward_mean": float("nan"), "reward_std": float("nan"), "pass_rate": float("nan")}
-    return {
-        "reward_mean": float(np.mean(rewards)),
-        "reward_std": float(np.std(rewards)),
-        "pass_rate": float(np.mean([r >= 1.0 for r in rewards])),
-    }
-
-
-def generator_stats(generators: list[Peer]) -> dict[str, Any]:
-    """Throughput and credit waits the generators reported in their heartbeats."""
-    return {
-        "gen_tokens_per_s": {
-            p.instance: float(p.stats.get("tokens_per_s", 0.0)) for p in generators
-        },
-        "gen_wait_s": float(sum(float(p.stats.get("wait_s", 0.0)) for p in generators)),
-    }
+        return float("nan"), float("nan"), float("nan")
+    return (
+        float(np.mean(rewards)),
+        float(np.std(rewards)),
+        float(np.mean([r >= 1.0 for r in rewards])),
+    )

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from grpo_stream.config import RunConfig
+from grpo_stream.config import GeneratorSettings, RunConfig
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.shares import ShareBook
@@ -50,6 +50,11 @@ def allocate(
         out[first.instance] = out.get(first.instance, 0) + give
         left -= give
     return out
+
+
+def sampling_params(g: GeneratorSettings) -> m.SamplingParams:
+    """The run's sampling, as the hub leases it in every PromptBatch."""
+    return m.SamplingParams(temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens)
 
 
 class Dispatcher:
@@ -102,9 +107,7 @@ class Dispatcher:
                 prompts=[p.prompt for p in problems],
                 references=[dict(p.reference) for p in problems],
                 group_size=g.group_size,
-                max_tokens=g.max_tokens,
-                temperature=g.temperature,
-                top_p=g.top_p,
+                sampling=sampling_params(g),
                 min_version=min_version,
             ),
         )

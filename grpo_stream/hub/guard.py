@@ -85,16 +85,16 @@ def check_scored(msg: m.Scored, rollout: m.Rollout | None) -> str | None:
     return None
 
 
-def check_batch_request(msg: m.BatchRequest, desk: BatchDesk, max_staleness: int) -> str | None:
+def check_batch_request(msg: m.BatchRequest, desk: BatchDesk) -> str | None:
     """Within what the trainer can have asked: at most one step past the last served, at a
-    version at most `max_staleness + 1` past the hub's (a resumed trainer continues there)."""
+    version the ledger finds plausible (`Ledger.plausible_trainer_version`)."""
     if msg.step < 0 or msg.trainer_version < 0 or msg.attempt < 0:
         return "negative step, version or attempt"
     if desk.last is None:
         return None  # nothing served yet (or forgotten): any resumed trainer is plausible
     if msg.step > desk.last.step + 1:
         return f"step {msg.step}: the last step served is {desk.last.step}"
-    highest = desk.ledger.next_version + max_staleness + 1
+    highest = desk.ledger.plausible_trainer_version()
     if msg.trainer_version > highest:
         return f"version {msg.trainer_version}: the trainer cannot be past {highest}"
     return None

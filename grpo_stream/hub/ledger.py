@@ -12,8 +12,11 @@ A Rollout or Scored for a group that is no longer at that stage (a duplicate fro
 declared lost that came back, or a re-dispatched copy that lost the race) is dropped and
 counted, so nothing reaches the trainer twice.
 
-Versions and staleness have this one owner: `observe_trainer` (what the trainer's requests
-say), `is_stale` and `staleness`; the buffer, the batch desk and the rollout gate ask it.
+Versions and staleness have this one owner. The trainer's version is written only by
+`observe_trainer` (what its batch requests name) and `step_served` (the version it will name
+next, once a step went out); "stale" has one formula, `staleness` / `is_stale`, which the
+replay buffer, the batch desk, the rollout gate and the step statistics ask; the highest
+version a trainer can plausibly name is `plausible_trainer_version`.
 
 The gate: a prompt dispatched now sits behind `in_pipeline` others; those are consumed
 `groups_per_step` per trainer step starting at `next_version`, so it will be trained at
@@ -52,7 +55,8 @@ class Ledger:
     max_staleness: int
     lease_timeout_s: float
     cursor: int = 0  # next dataset index: group ids are dataset indices
-    next_version: int = 0  # trainer version at its next batch request
+    next_version: int = 0  # trainer version at its next batch request (written below only)
+    trainer_version: int = 0  # the version the trainer last named (in Welcome and Status)
     stage: dict[int, Stage] = field(default_factory=dict)
     lease_of: dict[int, int] = field(default_factory=dict)  # group -> lease id
     leases: dict[int, Lease] = field(default_factory=dict)
@@ -65,11 +69,27 @@ class Ledger:
     def observe_trainer(self, version: int) -> None:
         """The trainer's version, as its batch request names it (versions are unique: a
         resumed trainer publishes above every version it announced before)."""
+        self.trainer_version = version
         self.next_version = version
+
+    def step_served(self, version: int) -> None:
+        """A step for the trainer at `version` went out: it asks next at version + 1."""
+        self.next_version = version + 1
+
+    def staleness(self, version: int) -> int:
+        """How many policy versions `version` is behind the trainer; never negative (a version
+        the hub has not yet heard the trainer name is not behind it)."""
+        return max(0, self.next_version - version)
 
     def is_stale(self, version: int) -> bool:
         """True if what `version` generated is too old to train at the trainer's version."""
-        return staleness(self.next_version, version) > self.max_staleness
+        return self.staleness(version) > self.max_staleness
+
+    def plausible_trainer_version(self) -> int:
+        """The highest version a batch request can name: a trainer resumed from an older
+        checkpoint continues `max_staleness + 1` above what it announced
+        (`grpo_stream.training.versions.resumed_version`)."""
+        return self.next_version + self.max_staleness + 1
 
     # ----- dispatch -------------------------------------------------------------------
     def in_pipeline(self) -> int:
@@ -244,6 +264,7 @@ class Ledger:
         return {
             "cursor": self.cursor,
             "next_version": self.next_version,
+            "trainer_version": self.trainer_version,
             "stage": {str(k): v for k, v in self.stage.items()},
             "retry": list(self.retry),
             "to_score": list(self.to_score),
@@ -256,6 +277,7 @@ class Ledger:
         rollout the hub still holds (awaiting a score)."""
         self.cursor = int(state["cursor"])
         self.next_version = int(state["next_version"])
+        self.trainer_version = int(state["trainer_version"])
         self.counters = Counter({k: int(v) for k, v in state["counters"].items()})
         self._next_lease = int(state["next_lease"])
         self.leases.clear()
@@ -276,12 +298,6 @@ class Ledger:
                     self.to_score.append(gid)
             else:
                 self.stage[gid] = stage
-
-
-def staleness(trainer_version: int, version: int) -> int:
-    """How many policy versions `version` is behind `trainer_version`; never negative (a
-    version the hub has not yet heard the trainer name is not behind it)."""
-    return max(0, trainer_version - version)
 
 
 def now() -> float:

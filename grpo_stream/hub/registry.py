@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from grpo_stream.protocols.messages import GeneratorStats, Heartbeat
 from grpo_stream.transport.heartbeat import Heartbeats
 
 
@@ -20,7 +21,9 @@ class Peer:
     rank: int
     fingerprint: dict[str, Any]
     credits: int = 0
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)  # display only (Heartbeat.stats)
+    generator: GeneratorStats | None = None  # a generator's last reported counters
+    hub_rtt_s: float | None = None
     joined: int = 1  # times this instance registered (restarts)
 
     def describe(self) -> dict[str, Any]:
@@ -35,6 +38,8 @@ class Peer:
             "device": _device_name(self.fingerprint),
             "devices": _device_ids(self.fingerprint),
             **{k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
+            **({} if self.generator is None else asdict(self.generator)),
+            **({} if self.hub_rtt_s is None else {"hub_rtt_s": self.hub_rtt_s}),
         }
 
 
@@ -75,13 +80,18 @@ class Registry:
                 return peer
         return None
 
-    def beat(self, instance: str, now: float, stats: dict[str, Any] | None = None) -> bool:
+    def beat(self, instance: str, now: float, heartbeat: Heartbeat | None = None) -> bool:
+        """A sign of life (any message); a Heartbeat also brings the peer's counters."""
         peer = self.peers.get(instance)
         if peer is None:
             return False
         self.heartbeats.beat(instance, now)
-        if stats:
-            peer.stats.update(stats)
+        if heartbeat is not None:
+            peer.stats.update(heartbeat.stats)
+            peer.generator = heartbeat.generator or peer.generator
+            peer.hub_rtt_s = (
+                heartbeat.hub_rtt_s if heartbeat.hub_rtt_s is not None else peer.hub_rtt_s
+            )
         return True
 
     def remove(self, instance: str) -> Peer | None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+
+from grpo_stream.protocols.messages import SamplingParams
 
 IsStale = Callable[[int], bool]
 """Whether a policy version is too old to train now: `Ledger.is_stale`, the one owner."""
@@ -34,6 +36,7 @@ class Group:
     rewards: np.ndarray  # (G,) float32, NaN where a reward failed
     advantages: np.ndarray  # (G,) float32, 0 where the reward failed
     valid: np.ndarray  # (G,) bool: completions that carry a reward
+    sampling: SamplingParams  # how the completions were sampled (the Rollout's)
     truncated: list[bool] = field(default_factory=list)
     uses: int = 0
 
@@ -52,6 +55,7 @@ class Group:
             "policy_version": self.policy_version,
             "truncated": list(self.truncated),
             "uses": self.uses,
+            "sampling": asdict(self.sampling),
         }
         for name in ARRAY_FIELDS:
             arr = np.ascontiguousarray(getattr(self, name))
@@ -71,6 +75,7 @@ class Group:
             policy_version=int(state["policy_version"]),
             truncated=[bool(t) for t in state["truncated"]],
             uses=int(state["uses"]),
+            sampling=SamplingParams(**state["sampling"]),
             **arrays,
         )
 

@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from grpo_stream.config import HubSettings
-from grpo_stream.hub.batches import build_batch
+from grpo_stream.hub.batches import build_step
 from grpo_stream.hub.journal import SendJournal, Sent
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.replay import Group, ReplayBuffer
@@ -35,7 +35,7 @@ from grpo_stream.protocols import messages as m
 log = structlog.get_logger()
 
 Send = Callable[[bytes, m.Message], object]
-Stats = Callable[[list[Group]], dict[str, Any]]
+Stats = Callable[[list[Group]], m.StepStats]
 HISTORY_STEPS = 4096  # served steps remembered to reconcile a trainer that went back
 
 
@@ -63,6 +63,8 @@ class BatchDesk:
         self.history: deque[tuple[int, list[int]]] = deque(maxlen=HISTORY_STEPS)
 
     def add(self, identity: bytes, request: m.BatchRequest) -> None:
+        """A rank's request; its version is what the trainer is at (the ledger's to know)."""
+        self.ledger.observe_trainer(request.trainer_version)
         if self.last is not None and self.last.answers(request):
             self.send(identity, self.last.shard(request.rank))  # idempotent: the same batch
             log.info("batch.resent", step=request.step, rank=request.rank, seq=self.last.seq)
@@ -99,7 +101,6 @@ class BatchDesk:
             ranks = {r.rank: ident for ident, r in self.pending if r.step == head.step}
             if len(ranks) < world:
                 return
-            self.ledger.observe_trainer(head.trainer_version)
             for g in self.buffer.evict_stale(self.ledger.is_stale):
                 if g.uses == 0:
                     self.ledger.finish(g.group_id, "stale")
@@ -115,15 +116,8 @@ class BatchDesk:
             if first:
                 self.ledger.finish(g.group_id, "trained")
         self.ledger.check_invariant()
-        stats = self.stats(sampled.groups)
-        shards = [
-            build_batch(head.step, sampled.groups[r::world], head.trainer_version, stats)
-            for r in range(world)
-        ]
-        seqs = sum(len(b.advantages) for b in shards)
-        tokens = sum(len(b.behaviour_logprobs) for b in shards)
-        for batch in shards:
-            batch.stats.update(num_seqs_total=seqs, num_tokens_total=tokens)
+        shards = build_step(head.step, sampled.groups, self.stats(sampled.groups), world)
+        seqs = shards[0].totals.num_seqs
         ids = [g.group_id for g in sampled.groups]
         record = Sent.of(self.seq + 1, head, ids, list(sampled.first_use), shards)
         if self.journal is not None:
@@ -144,7 +138,7 @@ class BatchDesk:
         self.seq = record.seq
         self.last = record
         self.history.append((record.step, record.first_uses()))
-        self.ledger.observe_trainer(record.version + 1)  # its version at its next request
+        self.ledger.step_served(record.version)
 
     # ----- restore ----------------------------------------------------------------------
     def replay(self, record: Sent) -> None:

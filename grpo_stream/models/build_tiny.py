@@ -89,17 +89,19 @@ def build_tokenizer() -> Any:
 
 def build_model(tokenizer: Any, seed: int) -> Any:
     """A freshly initialised Qwen2ForCausalLM sized for the tokenizer."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=640,
-        num_hidden_layers=4,
-        num_attention_heads=2,  # head_dim 64: vLLM's attention kernels need >= 64
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=True,
+    from grpo_stream.models.testing import qwen2_config
+
+    config = qwen2_config(
+        len(tokenizer),
+        hidden=128,
+        intermediate=640,
+        layers=4,
+        heads=2,  # head_dim 64: vLLM's attention kernels need >= 64
+        kv_heads=2,
+        positions=MAX_POSITIONS,
+        tie=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

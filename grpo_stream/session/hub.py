@@ -41,7 +41,9 @@ class RunFacts(Protocol):
     """What a Welcome tells besides the config: the run and the trainer's version."""
 
     run_id: str
-    policy_version: int
+
+    @property
+    def policy_version(self) -> int: ...
 
 
 class HubSessions:
@@ -130,9 +132,10 @@ class HubSessions:
             if identity not in (known.identity, beat):
                 self.server.rejected["beat_spoofed"] += 1
                 return
-        self.shares.report_latency(msg.instance, msg.stats.get("hub_rtt_s"))
-        self.shares.report(msg.instance, msg.stats.get("tokens_per_s"))
-        if not self.registry.beat(msg.instance, time.monotonic(), dict(msg.stats)):
+        self.shares.report_latency(msg.instance, msg.hub_rtt_s)
+        if msg.generator is not None:
+            self.shares.report(msg.instance, msg.generator.tokens_per_s)
+        if not self.registry.beat(msg.instance, time.monotonic(), msg):
             self._unregistered(identity, msg.KIND)
 
     def _on_hello(self, identity: bytes, hello: m.Hello) -> None:

@@ -109,7 +109,9 @@ class Session:
         self.peers: dict[str, Any] = {}
         self.digest = ""  # the config digest this service runs (from its first Welcome)
         self.config_changed = False  # a later Welcome carried another digest: refused
-        self.stats: dict[str, Any] = {}
+        self.stats: dict[str, Any] = {}  # display-only counters in each heartbeat
+        self.hub_rtt_s: float | None = None  # the last Hello -> Welcome round trip
+        self.generator_stats: m.GeneratorStats | None = None  # set by a generator
         self.farewell: str | None = None  # the Shutdown reason, when the service sets one
         # Welcomes that answered our Hello: a new one means the hub (re)registered us and forgot
         # what we asked for (see `_rejoined`). The hub also sends Welcome unasked when peers
@@ -156,7 +158,7 @@ class Session:
         device score)."""
         t0 = time.perf_counter()
         welcome = handshake(self.client, self._hello(), self.transport.handshake_timeout_s)
-        self.stats["hub_rtt_s"] = round(time.perf_counter() - t0, 6)
+        self.hub_rtt_s = round(time.perf_counter() - t0, 6)
         self._on_welcome(welcome, answered_hello=True)
         return welcome
 
@@ -291,6 +293,14 @@ class Session:
         )
         return hello if self._secret is None else sign(hello, self._secret)
 
+    def _heartbeat(self) -> m.Heartbeat:
+        return m.Heartbeat(
+            instance=self.instance,
+            stats=dict(self.stats),
+            hub_rtt_s=self.hub_rtt_s,
+            generator=self.generator_stats,
+        )
+
     def _beat_loop(self) -> None:
         """Heartbeats from their own socket and thread, so a long model load or generation
         never looks like a dead process; a stopped (SIGSTOP) or killed one stops beating."""
@@ -299,7 +309,7 @@ class Session:
         try:
             while not self._hb_stop.wait(self.transport.heartbeat_interval_s):
                 try:
-                    client.send(m.Heartbeat(instance=self.instance, stats=dict(self.stats)))
+                    client.send(self._heartbeat())
                 except TransportError as exc:  # the hub is away: keep trying
                     log.debug("heartbeat.failed", error=str(exc))
                 reply = client.recv(0)

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from grpo_stream.protocols.messages import StepStats
+
 REQUIRED = (
     "step",
     "reward_mean",
@@ -27,6 +29,26 @@ REQUIRED = (
     "step_seconds",
     "wall_time",
 )
+
+
+def hub_columns(stats: StepStats) -> dict[str, Any]:
+    """The columns of a step's row that come from the hub's statistics (`TrainBatch.stats`):
+    every one is a field of the typed StepStats, so none can be missing."""
+    rates = dict(zip(stats.gen_instances, stats.gen_tokens_per_s, strict=True))
+    return {
+        "reward_mean": stats.reward_mean,
+        "reward_std": stats.reward_std,
+        "pass_rate": stats.pass_rate,
+        "staleness_mean": stats.staleness_mean,
+        "groups_trained": stats.groups_trained,
+        "groups_filtered": stats.groups_filtered,
+        "groups_stale": stats.groups_stale,
+        "groups_failed": stats.groups_failed,
+        "groups_redispatched": stats.groups_redispatched,
+        "tokens_per_s": sum(rates.values()),  # all generators together
+        "gen_tokens_per_s": rates,
+        "gen_wait_s": stats.gen_wait_s,
+    }
 
 
 class MetricsWriter:

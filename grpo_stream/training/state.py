@@ -31,7 +31,7 @@ from grpo_stream.algo.loss import grpo_loss, loss_totals
 from grpo_stream.algo.regularizer import GradRegularizer
 from grpo_stream.algo.rollback import RollbackGuard
 from grpo_stream.config import RunConfig
-from grpo_stream.protocols.messages import TrainBatch
+from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 from grpo_stream.training.batch import Tensors, to_tensors
 from grpo_stream.training.checkpoint import (
     latest_checkpoint,
@@ -293,13 +293,22 @@ class TrainState:
         return int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
 
     def _totals(self, t: Tensors, batch: TrainBatch) -> tuple[float, float]:
-        """Loss normalisers: the whole step's counts, divided by the ranks (DDP and FSDP2
-        average the ranks' gradients)."""
-        stats = dict(batch.stats)
+        """Loss normalisers: the whole step's counts (`TrainBatch.totals`, over every rank's
+        shard), divided by the ranks (DDP and FSDP2 average the ranks' gradients). Totals
+        that cannot be the step's (fewer than this shard holds; or, on one rank, not its
+        counts) are refused: they would scale the update wrongly without a sign."""
         seqs, tokens = loss_totals(t.completion_mask)
-        seqs = int(stats.get("num_seqs_total", seqs))
-        tokens = int(stats.get("num_tokens_total", tokens))
-        return seqs / self.world_size, tokens / self.world_size
+        total = batch.totals
+        smaller = total.num_seqs < seqs or total.num_tokens < tokens
+        if smaller or (
+            self.world_size == 1 and (total.num_seqs, total.num_tokens) != (seqs, tokens)
+        ):
+            raise ValueError(
+                f"step {batch.step}: TrainBatch.totals ({total.num_seqs} sequences, "
+                f"{total.num_tokens} tokens) cannot be the step's: this shard has {seqs} "
+                f"sequences, {tokens} tokens on {self.world_size} rank(s)"
+            )
+        return total.num_seqs / self.world_size, total.num_tokens / self.world_size
 
     def _forward_backward(
         self, t: Tensors, batch: TrainBatch
@@ -320,7 +329,7 @@ class TrainState:
             )
             with sync:
                 with self.precision.autocast():  # log-probs and loss stay float32 inside
-                    loss, m = self._micro_loss(part, totals, first=i == 0)
+                    loss, m = self._micro_loss(part, totals, batch.sampling, first=i == 0)
                 if i >= len(parts):  # FSDP2 filler pass (see _passes): no gradient, no metrics
                     self.precision.backward(loss * 0.0)
                     continue
@@ -354,7 +363,7 @@ class TrainState:
         return max_over_ranks(micro_batches)
 
     def _micro_loss(
-        self, part: Tensors, totals: tuple[float, float], first: bool
+        self, part: Tensors, totals: tuple[float, float], sampling: SamplingParams, first: bool
     ) -> tuple[torch.Tensor, dict[str, float]]:
         settings = self.cfg.algo.loss
         model = self.ddp if self.ddp is not None else self.model
@@ -363,13 +372,13 @@ class TrainState:
         rows, width = part.forward_shape
         whole = self.ddp is not None or self.fsdp
         chunk = rows if whole else settings.chunk_for(width, self._vocab())
-        temperature = self.cfg.generator.temperature
+        temperature = sampling.temperature  # the data's: log-probs of the sampled distribution
         prox = None  # pi_prox: the weights at the start of the step, no grad
         if settings.off_policy in ("tis", "decoupled"):
             prox = proximal_logprobs(self.model, part, chunk, temperature)
         logp, entropy = sequence_logprobs(model, part, chunk, temperature)
         self.meter.add(logp.detach() if prox is None else prox, part, self.version)
-        ref_logp = self._ref_logp(part) if self.ref_model is not None else None
+        ref_logp = self._ref_logp(part, temperature) if self.ref_model is not None else None
         loss, m = grpo_loss(
             logp,
             part.old_logp,
@@ -377,7 +386,7 @@ class TrainState:
             part.completion_mask,
             settings,
             ref_logp=ref_logp,
-            max_tokens=self.cfg.generator.max_tokens,
+            max_tokens=sampling.max_tokens,
             trainer_old_logp=prox,
             entropy=entropy,
             num_seqs_total=totals[0],
@@ -388,13 +397,13 @@ class TrainState:
             loss = loss * float("nan")  # test hook: exercise the rollback path once
         return loss, m
 
-    def _ref_logp(self, part: Tensors) -> torch.Tensor:
+    def _ref_logp(self, part: Tensors, temperature: float) -> torch.Tensor:
         with torch.no_grad():
             ref, _ = sequence_logprobs(
                 self.ref_model,
                 part,
                 self.cfg.algo.loss.chunk_for(part.forward_shape[1], self._vocab()),
-                self.cfg.generator.temperature,
+                temperature,
                 with_entropy=False,
             )
         return ref

@@ -52,7 +52,8 @@ def test_scorer_killed_is_redispatched_and_restarted(
     os.kill(pid_of(run.run_dir, "scorer-0"), signal.SIGKILL)
     assert run.finish() == 0, run.output()[-3000:]
     assert_accounting(run.run_dir, STEPS)
-    assert hub_events(run.run_dir, "peer.lost") or hub_events(run.run_dir, "peer.joined")
+    joins = [e for e in hub_events(run.run_dir, "peer.joined") if e["instance"] == "scorer-0"]
+    assert len(joins) >= 2 and joins[-1]["joined"] >= 2  # the restarted scorer came back
 
 
 def test_trainer_killed_resumes_from_checkpoint(tmp_path: Path, background_run: list[Run]) -> None:
@@ -90,6 +91,12 @@ def _wait_for_new_event(path: Path, event: str, timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
+def _steps_recorded_once(run_dir: Path) -> list[int]:
+    """The steps in metrics.jsonl, in order: across a hub's death the trainer neither skips
+    nor repeats one (a step it trained twice would be there twice)."""
+    return [int(r["step"]) for r in metrics(run_dir)]
+
+
 def test_hub_killed_restarts_from_its_checkpoint(tmp_path: Path, background_run: list[Run]) -> None:
     run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
     background_run.append(run)
@@ -98,7 +105,7 @@ def test_hub_killed_restarts_from_its_checkpoint(tmp_path: Path, background_run:
     os.kill(int(status(run.run_dir)["counters"]["hub_pid"]), signal.SIGKILL)
     assert run.finish() == 0, run.output()[-3000:]
     assert len(hub_events(run.run_dir, "hub.resumed")) == 1
-    assert metrics(run.run_dir)[-1]["policy_version"] == STEPS
+    assert _steps_recorded_once(run.run_dir) == list(range(1, STEPS + 1))
     assert_accounting(run.run_dir, STEPS)
     assert_exactly_once(run.run_dir, STEPS)
 
@@ -127,7 +134,7 @@ def test_an_exception_in_the_hub_restarts_it_and_the_run_completes(
     background_run.append(run)
     assert run.finish() == 0, run.output()[-3000:]
     assert hub_events(run.run_dir, "hub.crashed") and hub_events(run.run_dir, "hub.resumed")
-    assert metrics(run.run_dir)[-1]["policy_version"] == STEPS
+    assert _steps_recorded_once(run.run_dir) == list(range(1, STEPS + 1))
     assert_exactly_once(run.run_dir, STEPS)
 
 

@@ -28,6 +28,7 @@ import zmq
 
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import ProtocolError, decode, encode
+from grpo_stream.protocols.make_golden import step_stats_example
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
@@ -48,18 +49,19 @@ def _samples(rng: random.Random) -> list[m.Message]:
     off = np.array([0, len(i32)], dtype=np.int64)
     gid = rng.randint(10**6, 10**9)
     who = f"fuzz-{rng.randint(0, 999)}"
+    sampling = m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4)
     return [
         m.Hello(service="fuzzer", instance=who, host="h", pid=1, capacity=1),
         m.Welcome(run_id="r", config={}, config_digest="d", peers={}, policy_version=0),
-        m.Heartbeat(instance=who, stats={"tokens_per_s": 1.0}),
+        m.Heartbeat(instance=who, stats={"busy": True}, hub_rtt_s=0.001,
+                    generator=m.GeneratorStats(1.0, 0.0, 0, 1, 1, 0.1)),
         m.WorkRequest(instance=who, credits=rng.randint(-5, 5)),
         m.PromptBatch(lease_id=1, group_ids=np.array([gid], dtype=np.int64), prompts=["p"],
-                      references=[{}], group_size=2, max_tokens=4, temperature=1.0, top_p=1.0,
-                      min_version=0),
+                      references=[{}], group_size=2, sampling=sampling, min_version=0),
         m.Rollout(lease_id=1, group_id=gid, instance=who, policy_version=0, prompt="p",
                   reference={}, prompt_ids=i32, completion_ids=i32, completion_offsets=off,
                   logprobs=np.zeros(len(i32), np.float32), texts=["t"], truncated=[False],
-                  gen_seconds=0.1),
+                  gen_seconds=0.1, sampling=sampling),
         m.ScoreRequest(lease_id=1, group_id=gid, prompt="p", completions=["c"], reference={}),
         m.Scored(lease_id=1, group_id=gid, rewards=f32, component_names=["r"],
                  components=f32.reshape(1, -1), errors=[]),
@@ -67,7 +69,8 @@ def _samples(rng: random.Random) -> list[m.Message]:
         m.TrainBatch(step=0, group_ids=np.array([gid], np.int64), input_ids=i32,
                      seq_offsets=off, prompt_lens=np.zeros(1, np.int32),
                      behaviour_logprobs=f32, advantages=f32, rewards=f32,
-                     versions=np.zeros(1, np.int32)),
+                     versions=np.zeros(1, np.int32), totals=m.BatchTotals(1, len(f32)),
+                     sampling=sampling, stats=step_stats_example()),
         m.WeightsAnnounce(version=1, num_tensors=1, total_bytes=4),
         m.WeightsRequest(version=rng.randint(-1, 3)),
         m.WeightsChunk(version=1, index=0, count=1, names=["w"], tensors=[f32]),

@@ -31,24 +31,24 @@ def build_char_tokenizer() -> Any:
 def build_tiny_model(tokenizer: Any, seed: int = 0) -> Any:
     """A randomly initialised 2-layer Qwen2 causal LM with tied embeddings (fp32, CPU)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=1,
-        num_key_value_heads=1,
+    from grpo_stream.models.testing import tiny_qwen2
+
+    model = tiny_qwen2(
+        len(tokenizer),
+        seed,
+        hidden=64,
+        intermediate=128,
+        layers=2,
+        heads=1,
+        kv_heads=1,
         head_dim=64,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
+        positions=128,
+        tie=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    model = Qwen2ForCausalLM(config)
     # Random init at std 0.02 gives nearly uniform next-token distributions; 0.06 makes
     # them peaked (mean log-prob about -2.5) while some rows still sample <eos> early.
     with torch.no_grad():

@@ -40,8 +40,8 @@ def test_a_batch_request_beyond_what_the_trainer_can_have_asked_is_refused() -> 
     d.desk.add(b"r0", request(0))
     d.desk.serve()
     huge = m.BatchRequest(step=10**6, trainer_version=10**6)
-    assert guard.check_batch_request(huge, d.desk, max_staleness=1) is not None
-    assert guard.check_batch_request(request(1), d.desk, max_staleness=1) is None
+    assert guard.check_batch_request(huge, d.desk) is not None
+    assert guard.check_batch_request(request(1), d.desk) is None
 
 
 def test_a_scored_with_the_wrong_number_of_rewards_is_refused() -> None:
@@ -50,6 +50,7 @@ def test_a_scored_with_the_wrong_number_of_rewards_is_refused() -> None:
         prompt_ids=np.zeros(1, np.int32), completion_ids=np.zeros(8, np.int32),
         completion_offsets=np.arange(9, dtype=np.int64), logprobs=np.zeros(8, np.float32),
         texts=["x"] * 8, truncated=[False] * 8, gen_seconds=0.1,
+        sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
     )  # fmt: skip
     assert guard.check_rollout(rollout, group_size=8) is None
     three = m.Scored(

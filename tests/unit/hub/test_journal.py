@@ -8,6 +8,7 @@ import numpy as np
 
 from grpo_stream.hub.journal import SendJournal, Sent
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.make_golden import step_stats_example
 
 
 def batch(step: int) -> m.TrainBatch:
@@ -21,6 +22,9 @@ def batch(step: int) -> m.TrainBatch:
         advantages=np.array([1.0], np.float32),
         rewards=np.array([1.0], np.float32),
         versions=np.array([0], np.int32),
+        totals=m.BatchTotals(num_seqs=1, num_tokens=2),
+        sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
+        stats=step_stats_example(),
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_stream.hub.ledger import Ledger, staleness
+from grpo_stream.hub.ledger import Ledger
+from grpo_stream.training.versions import resumed_version
 
 
 def make(gps: int = 4, staleness: int = 1) -> Ledger:
@@ -136,5 +137,29 @@ def test_restore_without_rollouts_sends_groups_awaiting_a_score_back_to_generati
 def test_a_version_ahead_of_the_trainer_is_not_negatively_stale() -> None:
     ledger = make(staleness=1)
     ledger.observe_trainer(5)
-    assert staleness(5, 14) == 0  # never negative
+    assert ledger.staleness(14) == 0 and ledger.staleness(3) == 2  # never negative
     assert ledger.is_stale(3) and not ledger.is_stale(4) and not ledger.is_stale(9)
+
+
+def test_a_served_step_moves_the_gate_to_the_next_version_not_the_named_one() -> None:
+    ledger = make(staleness=1)
+    ledger.observe_trainer(3)
+    ledger.step_served(3)
+    assert ledger.trainer_version == 3  # what Welcome and Status tell: the trainer named 3
+    assert ledger.is_stale(2) and not ledger.is_stale(3)  # judged at 4, its next request
+
+
+def test_the_version_a_resumed_trainer_continues_at_is_plausible_and_no_more() -> None:
+    ledger = make(staleness=2)
+    ledger.observe_trainer(60)  # the last version the trainer announced before a crash
+    resumed = resumed_version(checkpoint_version=50, mark=60, max_staleness=2)
+    assert ledger.plausible_trainer_version() == resumed
+
+
+def test_the_trainers_version_survives_a_checkpoint() -> None:
+    ledger = make()
+    ledger.observe_trainer(7)
+    ledger.step_served(7)
+    restored = make()
+    restored.load_state(ledger.state(), scored=set())
+    assert (restored.trainer_version, restored.next_version) == (7, 8)

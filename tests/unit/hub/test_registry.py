@@ -1,11 +1,12 @@
-"""The hub's registry: what `status` shows of each peer."""
+"""The hub's registry: what `status` shows of each peer, what heartbeats bring."""
 
 from __future__ import annotations
 
 from grpo_stream.hardware.fingerprint import fingerprint_host
 from grpo_stream.hardware.recorded import RecordedNvml, load_record
-from grpo_stream.hub.registry import Peer
+from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.launch.devices import assigned
+from grpo_stream.protocols.messages import GeneratorStats, Heartbeat
 
 
 def _host(*names: str):
@@ -21,3 +22,37 @@ def test_the_hub_shows_the_gpus_a_peer_holds() -> None:
 def test_a_peer_without_nvml_shows_cpu() -> None:
     peer = Peer("scorer", "scorer-0", b"id", "h", 1, 0, {"source": "cpu", "devices": []})
     assert peer.describe()["devices"] == "cpu"
+
+
+def _registered() -> Registry:
+    registry = Registry(heartbeat_timeout_s=10.0)
+    registry.register(Peer("generator", "generator-0", b"id", "h", 1, 0, {}), now=0.0)
+    return registry
+
+
+def test_a_heartbeat_brings_a_generators_typed_stats_into_status() -> None:
+    registry = _registered()
+    stats = GeneratorStats(
+        tokens_per_s=12.5, wait_s=1.0, version=3, batches=2, prompts_total=8, busy_s=0.5
+    )
+    beat = Heartbeat(instance="generator-0", stats={"note": "x"}, hub_rtt_s=0.002, generator=stats)
+    assert registry.beat("generator-0", 1.0, beat)
+    peer = registry.peers["generator-0"]
+    assert peer.generator == stats
+    shown = peer.describe()
+    assert (shown["tokens_per_s"], shown["version"], shown["hub_rtt_s"]) == (12.5, 3, 0.002)
+    assert shown["note"] == "x"
+
+
+def test_a_heartbeat_without_stats_keeps_the_last_reported_ones() -> None:
+    registry = _registered()
+    stats = GeneratorStats(
+        tokens_per_s=12.5, wait_s=1.0, version=3, batches=2, prompts_total=8, busy_s=0.5
+    )
+    registry.beat("generator-0", 1.0, Heartbeat(instance="generator-0", generator=stats))
+    registry.beat("generator-0", 2.0, Heartbeat(instance="generator-0"))
+    assert registry.peers["generator-0"].generator == stats
+
+
+def test_a_heartbeat_from_an_unknown_instance_is_not_taken() -> None:
+    assert not _registered().beat("ghost", 1.0, Heartbeat(instance="ghost"))

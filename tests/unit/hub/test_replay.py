@@ -6,6 +6,7 @@ import numpy as np
 
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.replay import Group, ReplayBuffer
+from grpo_stream.protocols.messages import SamplingParams
 
 
 def at(trainer_version: int, max_staleness: int = 1) -> Ledger:
@@ -26,6 +27,7 @@ def group(gid: int, version: int = 0, adv: float = 1.0) -> Group:
         rewards=np.array([1.0, 0.0], np.float32),
         advantages=np.array([adv, -adv], np.float32),
         valid=np.array([True, True]),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from grpo_stream.config import HubSettings
+from grpo_stream.hub.batches import offline_stats
 from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.replay import Group, ReplayBuffer
@@ -35,9 +36,9 @@ class Desk:
     def _send(self, identity: bytes, msg: m.Message) -> None:
         self.sent.append((identity, msg))
 
-    def _stats(self, groups: list[Group]) -> dict[str, object]:
+    def _stats(self, groups: list[Group]) -> m.StepStats:
         self.stats_calls += 1
-        return {"groups": len(groups)}
+        return offline_stats(groups)
 
     def buffer_groups(self, n: int, version: int = 0) -> None:
         """Take n groups through the ledger (generated, scored) into the buffer."""
@@ -68,7 +69,7 @@ def test_two_ranks_get_their_shards_once_both_asked() -> None:
     ids = {k: list(np.asarray(v.group_ids)) for k, v in shards.items()}
     assert sorted(ids[b"r0"] + ids[b"r1"]) == [0, 1, 2, 3] and len(ids[b"r0"]) == 2
     assert d.ledger.summary()["trained"] == GPS and d.stats_calls == 1
-    totals = {v.stats["num_seqs_total"] for v in shards.values()}
+    totals = {v.totals.num_seqs for v in shards.values()}
     assert totals == {8}  # both ranks know the whole step's size
 
 

@@ -25,7 +25,7 @@ from grpo_stream.protocols import (
     encode,
 )
 from grpo_stream.protocols.make_golden import examples
-from grpo_stream.protocols.messages import schema
+from grpo_stream.protocols.messages import BatchTotals, SamplingParams, TrainBatch, schema
 
 
 def _scored() -> Scored:
@@ -205,7 +205,8 @@ def test_encode_refuses_an_object_array() -> None:
 def test_encode_refuses_a_list_where_an_array_is_due() -> None:
     not_an_array: Any = [1, 2]
     msg = Rollout(1, 2, "g", 0, "p", {}, not_an_array, np.zeros(0, np.int32),
-                  np.zeros(1, np.int64), np.zeros(0, np.float32), [], [], 0.1)  # fmt: skip
+                  np.zeros(1, np.int64), np.zeros(0, np.float32), [], [], 0.1,
+                  SamplingParams(1.0, 1.0, 4))  # fmt: skip
     with pytest.raises(ProtocolError) as info:
         encode(msg)
     assert info.value.code == "bad_type"
@@ -264,3 +265,48 @@ def test_encode_refuses_a_value_nested_deeper_than_msgpack_allows() -> None:
         encode(Heartbeat("g", {"deep": value}))
     assert info.value.code == "bad_type"
     assert info.value.kind == "heartbeat"
+
+
+# ----- struct fields -------------------------------------------------------------------------
+def _train_batch_frames() -> list[bytes]:
+    (batch,) = [m for m in examples() if isinstance(m, TrainBatch)]
+    return _frames(batch)
+
+
+def _totals_header(**totals: Any) -> list[bytes]:
+    return _with_header(_train_batch_frames(), totals=totals)
+
+
+def test_a_struct_missing_a_field_is_refused() -> None:
+    assert _code(_totals_header(num_seqs=2)) == "missing_field"
+
+
+def test_a_struct_with_an_unknown_field_is_refused() -> None:
+    assert _code(_totals_header(num_seqs=2, num_tokens=5, extra=1)) == "unknown_field"
+
+
+def test_a_struct_field_of_the_wrong_type_is_refused() -> None:
+    assert _code(_totals_header(num_seqs=2, num_tokens="5")) == "bad_type"
+
+
+def test_a_struct_that_is_not_a_map_is_refused() -> None:
+    assert _code(_with_header(_train_batch_frames(), totals=[2, 5])) == "bad_type"
+
+
+def test_a_required_struct_cannot_be_nil() -> None:
+    assert _code(_with_header(_train_batch_frames(), totals=None)) == "bad_type"
+
+
+def test_a_struct_decodes_as_its_typed_record() -> None:
+    back = decode(_train_batch_frames())
+    assert isinstance(back, TrainBatch)
+    assert back.totals == BatchTotals(num_seqs=2, num_tokens=5)
+
+
+def test_encode_refuses_another_record_in_a_struct_field() -> None:
+    (batch,) = [m for m in examples() if isinstance(m, TrainBatch)]
+    wrong: Any = SamplingParams(1.0, 1.0, 4)
+    batch.totals = wrong
+    with pytest.raises(ProtocolError) as info:
+        encode(batch)
+    assert info.value.code == "bad_type" and "BatchTotals" in info.value.message

@@ -21,7 +21,7 @@ from grpo_stream.protocols import (
     encode,
 )
 from grpo_stream.protocols.codec import wire_dtypes
-from grpo_stream.protocols.messages import FieldSpec, schema
+from grpo_stream.protocols.messages import FieldSpec, SamplingParams, Struct, schema
 
 torch.set_num_threads(1)
 
@@ -87,12 +87,16 @@ _BY_KIND: dict[str, st.SearchStrategy[Any]] = {
 
 
 def field_values(spec: FieldSpec) -> st.SearchStrategy[Any]:
-    values = _BY_KIND[spec.kind]
+    values = records(spec.struct) if spec.struct is not None else _BY_KIND[spec.kind]
     return st.none() | values if spec.optional else values
 
 
-def messages(cls: type[Message]) -> st.SearchStrategy[Message]:
+def records(cls: type[Message] | type[Struct]) -> st.SearchStrategy[Any]:
     return st.builds(cls, **{spec.name: field_values(spec) for spec in schema(cls)})
+
+
+def messages(cls: type[Message]) -> st.SearchStrategy[Message]:
+    return records(cls)
 
 
 @pytest.mark.parametrize("kind", sorted(MESSAGES))
@@ -130,10 +134,11 @@ def test_bf16_tensor_decodes_as_ml_dtypes_bfloat16() -> None:
 
 
 def test_float_field_given_an_int_travels_as_float() -> None:
-    back = decode(encode(PromptBatch(1, np.zeros(0, np.int64), [], [], 2, 8, 1, 1, 0)))
+    sampling = SamplingParams(temperature=cast(Any, 1), top_p=1.0, max_tokens=8)
+    back = decode(encode(PromptBatch(1, np.zeros(0, np.int64), [], [], 2, sampling, 0)))
     assert isinstance(back, PromptBatch)
-    assert type(back.temperature) is float
-    assert back.temperature == 1.0
+    assert type(back.sampling.temperature) is float  # inside a struct too
+    assert back.sampling.temperature == 1.0
 
 
 def _nested(depth: int) -> Any:

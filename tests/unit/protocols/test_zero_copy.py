@@ -6,6 +6,8 @@ import numpy as np
 import zmq
 
 from grpo_stream.protocols import TrainBatch, decode, encode
+from grpo_stream.protocols.make_golden import step_stats_example
+from grpo_stream.protocols.messages import BatchTotals, SamplingParams
 
 
 def _batch(seqs: int = 64, tokens: int = 4096) -> TrainBatch:
@@ -20,6 +22,9 @@ def _batch(seqs: int = 64, tokens: int = 4096) -> TrainBatch:
         advantages=np.zeros(seqs, dtype=np.float32),
         rewards=np.zeros(seqs, dtype=np.float32),
         versions=np.zeros(seqs, dtype=np.int32),
+        totals=BatchTotals(num_seqs=seqs, num_tokens=seqs * tokens),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=tokens),
+        stats=step_stats_example(),
     )
 
 

@@ -18,20 +18,12 @@ TINY = Path(__file__).parents[3] / "grpo_stream" / "assets" / "tiny-arith"
 
 def build_classifier(path: Path, labels: int = 1) -> Path:
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import AutoTokenizer, Qwen2ForSequenceClassification
+
+    from grpo_stream.models.testing import qwen2_config
 
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=260,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        num_labels=labels,
-        pad_token_id=0,
-    )
+    config = qwen2_config(260, hidden=32, kv_heads=2, num_labels=labels, pad_token_id=0)
     Qwen2ForSequenceClassification(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(TINY).save_pretrained(path)
     return path

@@ -84,7 +84,9 @@ def test_connect_counts_one_join_and_measures_the_round_trip(
 ) -> None:
     assert session.joins == 1
     assert len(hub.of(m.Hello)) == 1
-    assert 0 < session.stats["hub_rtt_s"] < 30  # sent to the hub with every heartbeat
+    rtt = session.hub_rtt_s
+    assert rtt is not None and 0 < rtt < 30
+    assert session._heartbeat().hub_rtt_s == rtt  # sent to the hub with every heartbeat
 
 
 def test_cfg_before_the_first_welcome_raises_not_joined(hub: ScriptedHub) -> None:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_stream.hub.batches import build_batch
+from grpo_stream.hub.batches import build_batch, build_step, offline_stats
 from grpo_stream.hub.replay import Group
+from grpo_stream.protocols.messages import SamplingParams
 from grpo_stream.training.batch import to_tensors
 
 
@@ -22,22 +23,23 @@ def _group() -> Group:
         rewards=np.array([1.0, 0.0, np.nan], np.float32),
         advantages=np.array([0.7, -0.7, 0.0], np.float32),
         valid=np.array([True, True, False]),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
     )
 
 
 def test_only_valid_nonempty_completions_become_sequences() -> None:
-    batch = build_batch(0, [_group()], trainer_version=2, stats={})
+    batch = build_batch(0, [_group()])
     assert batch.seq_offsets.tolist() == [0, 5]
     assert batch.input_ids.tolist() == [7, 8, 1, 2, 3]
     assert batch.advantages.tolist() == pytest.approx([0.7])
-    assert batch.stats["staleness_mean"] == 1.0
+    assert (batch.totals.num_seqs, batch.totals.num_tokens) == (1, 3)
 
 
 def test_tensors_align_logprobs_with_completion_positions() -> None:
     g = _group()
     g.valid[:] = True
     g.rewards[:] = [1.0, 0.0, 0.5]
-    t = to_tensors(build_batch(0, [g], trainer_version=1, stats={}), pad_id=0)
+    t = to_tensors(build_batch(0, [g]), pad_id=0)
     assert t.input_ids.tolist() == [[7, 8, 1, 2, 3], [7, 8, 4, 5, 6]]
     assert t.completion_mask.tolist() == [[False, False, True, True, True]] * 2
     assert torch.allclose(t.old_logp[1, 2:], torch.tensor([-0.4, -0.5, -0.6]))
@@ -48,19 +50,34 @@ def test_slice_trims_padding_to_the_longest_row() -> None:
     g = _group()
     g.valid[:] = True
     g.completion_offsets = np.array([0, 1, 1, 6], np.int64)
-    t = to_tensors(build_batch(0, [g], 0, {}), pad_id=0)
+    t = to_tensors(build_batch(0, [g]), pad_id=0)
     assert t.input_ids.shape == (2, 7)
     assert t.slice(0, 1).input_ids.shape == (1, 3)
 
 
 def test_logprob_count_mismatch_is_an_error() -> None:
-    batch = build_batch(0, [_group()], 0, {})
+    batch = build_batch(0, [_group()])
     batch.behaviour_logprobs = np.zeros(1, np.float32)
     with pytest.raises(ValueError, match="behaviour log-probs"):
         to_tensors(batch, pad_id=0)
 
 
-def test_staleness_is_never_negative() -> None:
-    g = _group()  # policy version 1
-    batch = build_batch(0, [g], trainer_version=0, stats={})  # the hub lags the generator
-    assert batch.stats["staleness_mean"] == 0.0
+def test_every_shard_carries_the_whole_steps_totals() -> None:
+    a, b = _group(), _group()
+    b.valid[:] = True  # 2 sequences of 3 tokens (the empty one is left out) vs 1 of 3
+    shards = build_step(0, [a, b], offline_stats([a, b]), world=2)
+    assert [len(s.advantages) for s in shards] == [1, 2]
+    assert all((s.totals.num_seqs, s.totals.num_tokens) == (3, 9) for s in shards)
+
+
+def test_groups_sampled_differently_cannot_share_a_step() -> None:
+    a, b = _group(), _group()
+    b.sampling = SamplingParams(temperature=0.7, top_p=1.0, max_tokens=8)
+    with pytest.raises(ValueError, match="sampled differently"):
+        build_batch(0, [a, b])
+
+
+def test_the_batch_carries_its_groups_sampling() -> None:
+    g = _group()
+    g.sampling = SamplingParams(temperature=0.7, top_p=1.0, max_tokens=5)
+    assert build_batch(0, [g]).sampling == g.sampling

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 
+from grpo_stream.models.testing import tiny_gpt2
 from grpo_stream.training.checkpoint import (
     MARKER,
     complete_checkpoints,
@@ -18,10 +20,8 @@ from grpo_stream.training.checkpoint import (
 )
 
 
-def _model() -> GPT2LMHeadModel:
-    return GPT2LMHeadModel(
-        GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16)
-    )
+def _model() -> Any:
+    return tiny_gpt2(vocab=32, positions=16)
 
 
 def test_save_then_load_round_trips_state_and_rng(tmp_path: Path) -> None:

@@ -17,15 +17,13 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from grpo_stream.models.testing import tiny_gpt2
     from grpo_stream.training.checkpoint import save_checkpoint
 
     run = Path(sys.argv[1])
-    small = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32,
-                                       n_positions=16))
+    small = tiny_gpt2(vocab=32, positions=16)
     save_checkpoint(run, 1, small, None, {"step": 1}, keep=5)
-    big = GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=8, n_embd=768, vocab_size=32,
-                                     n_positions=64))
+    big = tiny_gpt2(vocab=32, hidden=768, layers=12, heads=8, positions=64)
     print("saving", flush=True)
     for step in range(2, 100):
         save_checkpoint(run, step, big, None, {"step": step}, keep=100)

@@ -15,7 +15,7 @@ from grpo_stream.config import ConfigError, RunConfig, load_config
 from grpo_stream.hub.batches import build_batch
 from grpo_stream.hub.replay import Group
 from grpo_stream.models.adapter import MANIFEST_NAME, AdapterError, split_adapter
-from grpo_stream.protocols.messages import TrainBatch
+from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 from grpo_stream.training.state import TrainState
 
 LORA = ["trainer.lora.enabled=true", "trainer.lr=0.02"]
@@ -44,9 +44,10 @@ def _batch(step: int = 0, groups: int = 3) -> TrainBatch:
                 rewards=rewards,
                 advantages=((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32),
                 valid=np.ones(4, dtype=bool),
+                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
             )
         )
-    return build_batch(step, made, step, {})
+    return build_batch(step, made)
 
 
 def _params(state: TrainState) -> dict[str, torch.Tensor]:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from grpo_stream.config import RunConfig, load_config
-from grpo_stream.hub.batches import build_batch
+from grpo_stream.hub.batches import build_batch, build_step
 from grpo_stream.hub.replay import Group
-from grpo_stream.protocols.messages import TrainBatch
+from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 
 WORLD = 2
 pytestmark = pytest.mark.slow  # torchrun, two ranks loading the model
@@ -35,20 +35,15 @@ def _group(gid: int, rng: np.random.Generator) -> Group:
         rewards=rewards,
         advantages=((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32),
         valid=np.ones(4, dtype=bool),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
     )
 
 
 def _batches() -> tuple[TrainBatch, list[TrainBatch]]:
     rng = np.random.default_rng(0)
     groups = [_group(g, rng) for g in range(4)]
-    whole = build_batch(1, groups, 0, {})
-    shards = [build_batch(1, groups[r::WORLD], 0, {}) for r in range(WORLD)]
-    totals = {
-        "num_seqs_total": len(whole.advantages),
-        "num_tokens_total": len(whole.behaviour_logprobs),
-    }
-    for batch in (whole, *shards):
-        batch.stats.update(totals)
+    whole = build_batch(1, groups)
+    shards = build_step(1, groups, whole.stats, world=WORLD)  # the hub's split
     return whole, shards
 
 

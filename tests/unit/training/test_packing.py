@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from grpo_stream.config import load_config
-from grpo_stream.hub.batches import build_batch
+from grpo_stream.hub.batches import build_batch, build_step
 from grpo_stream.hub.replay import Group
-from grpo_stream.protocols.messages import TrainBatch
+from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 from grpo_stream.training.batch import to_tensors
 from grpo_stream.training.packing import first_fit_rows, pack_rows, plan, row_width
 
@@ -47,6 +47,7 @@ def _group(gid: int, rng: np.random.Generator) -> Group:
         rewards=rewards,
         advantages=adv,
         valid=np.ones(4, dtype=bool),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
     )
 
 
@@ -54,14 +55,8 @@ def _batches(groups: int = 6) -> tuple[TrainBatch, list[TrainBatch]]:
     """The whole step and its per-rank shards, with the hub's global totals."""
     rng = np.random.default_rng(0)
     gs = [_group(g, rng) for g in range(groups)]
-    whole = build_batch(1, gs, 0, {})
-    shards = [build_batch(1, gs[r::WORLD], 0, {}) for r in range(WORLD)]
-    totals = {
-        "num_seqs_total": len(whole.advantages),
-        "num_tokens_total": len(whole.behaviour_logprobs),
-    }
-    for b in (whole, *shards):
-        b.stats.update(totals)
+    whole = build_batch(1, gs)
+    shards = build_step(1, gs, whole.stats, world=WORLD)  # the hub's split
     return whole, shards
 
 

@@ -19,7 +19,7 @@ import torch
 from grpo_stream.config import load_config
 from grpo_stream.hub.batches import build_batch
 from grpo_stream.hub.replay import Group
-from grpo_stream.protocols.messages import TrainBatch
+from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 from grpo_stream.training.batch import to_tensors
 from grpo_stream.training.packing import sequence_logprobs
 
@@ -47,9 +47,10 @@ def _batch() -> TrainBatch:
                 rewards=rewards,
                 advantages=((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32),
                 valid=np.ones(4, dtype=bool),
+                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
             )
         )
-    return build_batch(1, groups, 0, {})
+    return build_batch(1, groups)
 
 
 def _state(tmp_path: Path, precision: str, *extra: str) -> Any:

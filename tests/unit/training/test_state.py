@@ -1,5 +1,7 @@
 """The real TrainState step: the off-policy correction runs, explosions and overflowing norms
-roll back, a rollback keeps the last applied step, and its lr cut survives a resume."""
+roll back, a rollback keeps the last applied step, and its lr cut survives a resume and
+composes with the warmup schedule; the step takes its sampling temperature and its loss
+normalisers from the batch (`TrainBatch.sampling`, `TrainBatch.totals`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 
 from grpo_stream.algo.logprobs import token_logprobs
 from grpo_stream.hub.batches import build_batch
+from grpo_stream.protocols.messages import BatchTotals, SamplingParams
 from grpo_stream.training.batch import to_tensors
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -28,12 +31,12 @@ def state_factory(tmp_path: Path) -> Any:
     return factory
 
 
-def trainer_logprobs(state: Any, batch: Any) -> np.ndarray:
+def trainer_logprobs(state: Any, batch: Any, temperature: float = 1.0) -> np.ndarray:
     """The state's log-probs of the batch's completion tokens, flat like behaviour_logprobs."""
     t = to_tensors(batch, pad_id=state._pad_id())
     with torch.no_grad():
         logp, _ = token_logprobs(
-            state.model, t.input_ids, t.attention_mask, t.completion_mask, t.size
+            state.model, t.input_ids, t.attention_mask, t.completion_mask, t.size, temperature
         )
     return logp[t.completion_mask].numpy()
 
@@ -68,7 +71,7 @@ def test_log_prob_gap_is_reported_per_staleness(state_factory: Any) -> None:
     state.version = 3
     rng = np.random.default_rng(0)
     groups = [make_group(0, rng, version=3), make_group(1, rng, version=1)]
-    batch = build_batch(0, groups, 3, {})
+    batch = build_batch(0, groups)
     exact = trainer_logprobs(state, batch)
     n0 = int(groups[0].completion_offsets[-1])
     shift = np.concatenate([np.full(n0, 0.1), np.full(len(exact) - n0, -0.5)])
@@ -141,3 +144,62 @@ def test_rollback_lr_cut_survives_a_resume(state_factory: Any) -> None:
     assert resumed.step == 2 and resumed.guard.total == 1
     resumed.train_step(make_batch(2, seed=3))
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(8e-4)
+
+
+def test_the_rollback_lr_cut_composes_with_the_warmup_schedule(state_factory: Any) -> None:
+    state = state_factory("trainer.fault_nan_step=1", "trainer.warmup_steps=4")
+    lrs = []
+    for seed in range(5):  # steps 0, (1 rolled back), 1, 2, 3
+        start = params_of(state)
+        result = state.train_step(make_batch(state.step, seed=seed))
+        if result.applied:
+            assert not same_params(params_of(state), start)
+            lrs.append(result.metrics["lr"])
+    # LambdaLR's factor min(1, (s + 1) / 4) after s scheduler steps; x 0.8 once rolled back
+    expected = [1e-3 * min(1.0, (s + 1) / 4) * (0.8 if s > 1 else 1.0) for s in range(1, 5)]
+    assert lrs == pytest.approx(expected)
+
+
+def test_log_probs_are_taken_at_the_batch_sampling_temperature(state_factory: Any) -> None:
+    state = state_factory()  # generator.temperature = 1.0 in its config
+    batch = make_batch(0)
+    batch.sampling = SamplingParams(temperature=0.5, top_p=1.0, max_tokens=8)
+    batch.behaviour_logprobs = trainer_logprobs(state, batch, temperature=0.5)
+    at_one = np.abs(trainer_logprobs(state, batch) - batch.behaviour_logprobs).mean()
+    metrics = state.train_step(batch).metrics
+    assert at_one > 0.1  # had the trainer used its own config, the gap would be this large
+    assert metrics["logp_gap"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_a_batch_whose_totals_are_not_its_own_is_refused_on_one_rank(
+    state_factory: Any,
+) -> None:
+    state = state_factory()
+    batch = make_batch(0)
+    batch.totals = BatchTotals(batch.totals.num_seqs * 2, batch.totals.num_tokens * 2)
+    start = params_of(state)
+    with pytest.raises(ValueError, match=r"TrainBatch\.totals"):
+        state.train_step(batch)
+    assert same_params(params_of(state), start)
+
+
+def test_totals_smaller_than_the_shard_are_refused_on_any_rank(state_factory: Any) -> None:
+    state = state_factory()
+    state.world_size = 2  # a shard of a two-rank step (no process group needed to refuse)
+    batch = make_batch(0)
+    batch.totals = BatchTotals(batch.totals.num_seqs - 1, batch.totals.num_tokens)
+    with pytest.raises(ValueError, match="cannot be the step's"):
+        state.train_step(batch)
+
+
+def test_each_rank_normalises_by_the_whole_steps_totals(state_factory: Any) -> None:
+    """A rank holding a quarter of a two-rank step normalises by the step's totals / 2, so its
+    loss over these sequences is half what one process gets from them alone."""
+    single, shard = state_factory(), state_factory()
+    batch = make_batch(0)
+    quarter = make_batch(0)
+    quarter.totals = BatchTotals(batch.totals.num_seqs * 4, batch.totals.num_tokens * 4)
+    shard.world_size = 2
+    loss_single = single.train_step(batch).metrics["loss"]
+    loss_shard = shard.train_step(quarter).metrics["loss"]
+    assert loss_shard == pytest.approx(loss_single / 2, rel=1e-5)

@@ -13,7 +13,7 @@ import torch
 from grpo_stream.config import load_config
 from grpo_stream.hub.batches import build_batch
 from grpo_stream.hub.replay import Group
-from grpo_stream.protocols.messages import TrainBatch
+from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 
 
 def make_state(run_dir: Path, *overrides: str, resume: bool = False) -> Any:
@@ -59,6 +59,7 @@ def make_group(
         rewards=np.array([1, 0, 1, 0], dtype=np.float32),
         advantages=(adv_scale * np.array([1, -1, 1, -1])).astype(np.float32),
         valid=np.ones(4, dtype=bool),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
     )
 
 
@@ -67,7 +68,7 @@ def make_batch(
 ) -> TrainBatch:
     rng = np.random.default_rng(seed)
     groups = [make_group(g, rng, version, adv_scale, **kw) for g in range(3)]
-    return build_batch(step, groups, version, {})
+    return build_batch(step, groups)
 
 
 def params_of(state: Any) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 import zmq
 
+from grpo_stream.models.testing import tiny_gpt2
 from grpo_stream.protocols.codec import decode, encode, to_torch
 from grpo_stream.protocols.messages import WeightsChunk, WeightsRequest
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
@@ -40,20 +41,9 @@ def weights(ctx: Context, small_chunks: TransportSettings) -> Iterator[WeightSer
 
 
 def _tiny_model() -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=64,
-        n_positions=16,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return GPT2LMHeadModel(config)
+    model: torch.nn.Module = tiny_gpt2(vocab=64, hidden=32, layers=2, positions=16, train=True)
+    return model
 
 
 def _filled(version: int, n: int = 8, numel: int = 256 * 1024) -> list[tuple[str, torch.Tensor]]:
