@@ -78,6 +78,12 @@ def _data_examples() -> list[m.Message]:
             texts=["3", "4 "],
             truncated=[False, True],
             gen_seconds=0.25,
+            loss_mask=np.array([1, 0, 1, 1, 1, 1, 1], dtype=np.uint8),
+            episode_rewards=np.array([1.1, np.nan], dtype=np.float32),
+            turn_rewards=np.array([0.1, 1.0, 0.0], dtype=np.float32),
+            turn_starts=np.array([0, 2, 0], dtype=np.int64),
+            turn_offsets=np.array([0, 2, 3], dtype=np.int64),
+            errors=["episode[1]: step raised ValueError: bad"],
         ),
         m.ScoreRequest(
             lease_id=9, group_id=100, prompt="1+2=", completions=["3", "4 "], reference={"a": "3"}
@@ -101,6 +107,8 @@ def _data_examples() -> list[m.Message]:
             rewards=np.array([1.0, 0.0], dtype=np.float32),
             versions=np.array([4, 4], dtype=np.int32),
             stats={"dropped_stale": 0, "mean_reward": 0.5},
+            loss_mask=np.array([1, 0, 1, 1, 1], dtype=np.uint8),
+            token_advantages=np.array([0.5, 0.0, 0.9, -0.7, -0.7], dtype=np.float32),
         ),
         m.WeightsChunk(
             version=5,

@@ -16,6 +16,7 @@ import numpy as np
 import structlog
 
 from grpo_stream.engines import Engine, GroupSample, make_engine
+from grpo_stream.envs.service import EpisodePlayer
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.runtime import HubLink, StopFlag
@@ -31,9 +32,15 @@ class Generator:
     """One inference engine serving the hub."""
 
     def __init__(
-        self, link: HubLink, engine: Engine, stop: StopFlag, throttle: float = 1.0
+        self,
+        link: HubLink,
+        engine: Engine,
+        stop: StopFlag,
+        throttle: float = 1.0,
+        player: EpisodePlayer | None = None,
     ) -> None:
         self.link = link
+        self.player = player  # plays batches as episodes (env.name set)
         self.engine = engine
         self.stop = stop
         assert link.cfg is not None
@@ -161,6 +168,9 @@ class Generator:
         log.info("weights.applied", version=version, seconds=round(time.perf_counter() - t0, 4))
 
     def _generate(self, batch: m.PromptBatch) -> None:
+        if self.player is not None:
+            self._play(batch)
+            return
         t0 = time.perf_counter()
         samples = self.engine.generate(
             list(batch.prompts),
@@ -181,8 +191,36 @@ class Generator:
             tokens += self._send_rollout(
                 batch.lease_id, int(gid), prompt, dict(ref), sample, seconds
             )
+        self._account(len(samples), tokens, seconds)
+
+    def _play(self, batch: m.PromptBatch) -> None:
+        """The batch as episodes against the environment (env.name set)."""
+        from grpo_stream.envs.service import episode_rollout
+
+        assert self.player is not None
+        t0 = time.perf_counter()
+        seed = self.cfg.run.seed * 1_000_003 + int(batch.lease_id)
+        groups = self.player.play(batch, seed)
+        seconds = time.perf_counter() - t0
+        tokens = 0
+        for gid, prompt, ref, eps in zip(
+            batch.group_ids, batch.prompts, batch.references, groups, strict=True
+        ):
+            head = _rollout(batch.lease_id, int(gid), self.link.instance, self.engine.version,
+                            prompt, dict(ref), seconds)  # fmt: skip
+            rollout = episode_rollout(head, eps)
+            tokens += int(rollout.loss_mask.sum())
+            self.link.send(rollout)
+        self.link.stats.update(
+            episodes=self.player.episodes,
+            episodes_failed=self.player.failed,
+            episodes_truncated=self.player.truncated,
+        )
+        self._account(len(groups), tokens, seconds)
+
+    def _account(self, prompts: int, tokens: int, seconds: float) -> None:
         self.batches += 1
-        self.prompts_total += len(samples)
+        self.prompts_total += prompts
         self.tokens_total += tokens
         self.busy_s += seconds
         # throughput while generating (idle time excluded): what this device can deliver
@@ -195,7 +233,7 @@ class Generator:
             prompts_total=self.prompts_total,
             busy_s=round(self.busy_s, 3),
         )
-        log.debug("batch.generated", prompts=len(samples), tokens=tokens, seconds=round(seconds, 3))
+        log.debug("batch.generated", prompts=prompts, tokens=tokens, seconds=round(seconds, 3))
 
     def _send_rollout(
         self,
@@ -230,6 +268,25 @@ class Generator:
             )
         )
         return int(offsets[-1])
+
+
+def _rollout(
+    lease_id: int,
+    group_id: int,
+    instance: str,
+    version: int,
+    prompt: str,
+    ref: dict[str, object],
+    seconds: float,
+) -> m.Rollout:
+    """A Rollout with its identity filled in and no completions yet."""
+    empty = np.zeros(0, dtype=np.int32)
+    return m.Rollout(
+        lease_id=lease_id, group_id=group_id, instance=instance, policy_version=version,
+        prompt=prompt, reference=ref, prompt_ids=empty, completion_ids=empty,
+        completion_offsets=np.zeros(1, dtype=np.int64), logprobs=np.zeros(0, dtype=np.float32),
+        texts=[], truncated=[], gen_seconds=seconds,
+    )  # fmt: skip
 
 
 def run_generator(
@@ -270,9 +327,21 @@ def run_generator(
         weights=cfg.weights,
     )
     log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
+    player = None
+    if cfg.env.enabled:
+        from grpo_stream.engines.hf import HFEngine
+
+        if not isinstance(engine, HFEngine):  # the config check refuses this before start
+            raise ValueError("env.name needs generator.engine = 'hf'")
+        player = EpisodePlayer(cfg.env, engine, engine.tokenizer, cfg.task.chat_template)
+        player.__enter__()
     try:
-        Generator(link, engine, stop, throttle=max(throttle, cfg.generator.throttle)).serve()
+        Generator(
+            link, engine, stop, throttle=max(throttle, cfg.generator.throttle), player=player
+        ).serve()
     finally:
+        if player is not None:
+            player.__exit__()
         engine.close()
         link.close(stop.reason or "done")
     return 0

@@ -10,7 +10,7 @@ Completions whose reward failed (NaN) or that are empty carry no signal and are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,16 +31,27 @@ class Assembled:
 
 
 def assemble(
-    rollout: Rollout, scored: Scored, settings: AdvantageSettings, batch_std: float | None
+    rollout: Rollout,
+    scored: Scored,
+    settings: AdvantageSettings,
+    batch_std: float | None,
+    returns: Literal["outcome", "per_turn"] = "outcome",
+    gamma: float = 1.0,
 ) -> Assembled:
-    """Combine a Rollout and its Scored into a Group with advantages."""
+    """Combine a Rollout and its Scored into a Group with advantages (episodes under
+    `algo.returns = "per_turn"`: per-token advantages, see grpo_stream.hub.episodes)."""
     import torch
 
     from grpo_stream.algo.advantages import group_advantages
+    from grpo_stream.hub.episodes import is_episode, per_turn_token_advantages
 
     rewards = np.asarray(scored.rewards, dtype=np.float32)
     result = group_advantages(torch.from_numpy(rewards.copy()), settings, batch_std=batch_std)
     valid = result.valid_mask.numpy().astype(bool)
+    zero_signal = bool(result.zero_signal)
+    token_adv = np.zeros(0, np.float32)
+    if is_episode(rollout) and returns == "per_turn":
+        token_adv, zero_signal = per_turn_token_advantages(rollout, valid, gamma, settings)
     group = Group(
         group_id=rollout.group_id,
         policy_version=rollout.policy_version,
@@ -52,8 +63,10 @@ def assemble(
         advantages=result.advantages.numpy().astype(np.float32),
         valid=valid,
         truncated=list(rollout.truncated),
+        loss_mask=np.array(rollout.loss_mask, dtype=np.uint8),
+        token_advantages=token_adv,
     )
-    return Assembled(group=group, zero_signal=bool(result.zero_signal), failed=not valid.any())
+    return Assembled(group=group, zero_signal=zero_signal, failed=not valid.any())
 
 
 def build_batch(
@@ -62,6 +75,8 @@ def build_batch(
     """Flatten groups into one TrainBatch (sequences in group order)."""
     ids: list[np.ndarray] = []
     logps: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    token_advs: list[np.ndarray] = []
     prompt_lens, advs, rewards, versions = [], [], [], []
     for g in groups:
         for i in range(g.size):
@@ -70,6 +85,11 @@ def build_batch(
                 continue
             ids.append(np.concatenate([g.prompt_ids, g.completion_ids[lo:hi]]))
             logps.append(g.logprobs[lo:hi])
+            masks.append(g.loss_mask[lo:hi] if len(g.loss_mask) else np.ones(hi - lo, np.uint8))
+            if len(g.token_advantages):
+                token_advs.append(g.token_advantages[lo:hi])
+            else:
+                token_advs.append(np.full(hi - lo, g.advantages[i], np.float32))
             prompt_lens.append(len(g.prompt_ids))
             advs.append(g.advantages[i])
             rewards.append(g.rewards[i])
@@ -89,6 +109,12 @@ def build_batch(
         advantages=np.array(advs, dtype=np.float32),
         rewards=np.array(rewards, dtype=np.float32),
         versions=np.array(versions, dtype=np.int32),
+        loss_mask=_flat(masks, np.uint8)
+        if any(len(g.loss_mask) for g in groups)
+        else _flat([], np.uint8),
+        token_advantages=_flat(token_advs, np.float32)
+        if any(len(g.token_advantages) for g in groups)
+        else _flat([], np.float32),
         stats={
             **stats,
             "staleness_mean": float(np.mean([staleness(trainer_version, v) for v in versions]))
@@ -96,6 +122,10 @@ def build_batch(
             else 0.0,
         },
     )
+
+
+def _flat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
 
 def reward_stats(groups: list[Group], filtered_rewards: list[float]) -> dict[str, float]:
