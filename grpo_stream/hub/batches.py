@@ -75,8 +75,6 @@ def build_batch(
     """Flatten groups into one TrainBatch (sequences in group order)."""
     ids: list[np.ndarray] = []
     logps: list[np.ndarray] = []
-    masks: list[np.ndarray] = []
-    token_advs: list[np.ndarray] = []
     prompt_lens, advs, rewards, versions = [], [], [], []
     for g in groups:
         for i in range(g.size):
@@ -85,15 +83,11 @@ def build_batch(
                 continue
             ids.append(np.concatenate([g.prompt_ids, g.completion_ids[lo:hi]]))
             logps.append(g.logprobs[lo:hi])
-            masks.append(g.loss_mask[lo:hi] if len(g.loss_mask) else np.ones(hi - lo, np.uint8))
-            if len(g.token_advantages):
-                token_advs.append(g.token_advantages[lo:hi])
-            else:
-                token_advs.append(np.full(hi - lo, g.advantages[i], np.float32))
             prompt_lens.append(len(g.prompt_ids))
             advs.append(g.advantages[i])
             rewards.append(g.rewards[i])
             versions.append(g.policy_version)
+    loss_mask, token_advantages = _per_token(groups)
     lengths = [len(x) for x in ids]
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(lengths)
@@ -109,12 +103,8 @@ def build_batch(
         advantages=np.array(advs, dtype=np.float32),
         rewards=np.array(rewards, dtype=np.float32),
         versions=np.array(versions, dtype=np.int32),
-        loss_mask=_flat(masks, np.uint8)
-        if any(len(g.loss_mask) for g in groups)
-        else _flat([], np.uint8),
-        token_advantages=_flat(token_advs, np.float32)
-        if any(len(g.token_advantages) for g in groups)
-        else _flat([], np.float32),
+        loss_mask=loss_mask,
+        token_advantages=token_advantages,
         stats={
             **stats,
             "staleness_mean": float(np.mean([staleness(trainer_version, v) for v in versions]))
@@ -124,8 +114,26 @@ def build_batch(
     )
 
 
-def _flat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
-    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+def _per_token(groups: list[Group]) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's loss mask and per-token advantages over its completion tokens, in
+    build_batch's sequence order; each empty when no group has one (single-turn batches)."""
+    masks: list[np.ndarray] = []
+    advs: list[np.ndarray] = []
+    any_mask = any(len(g.loss_mask) for g in groups)
+    any_adv = any(len(g.token_advantages) for g in groups)
+    for g in groups if any_mask or any_adv else []:
+        for i in range(g.size):
+            lo, hi = int(g.completion_offsets[i]), int(g.completion_offsets[i + 1])
+            if not g.valid[i] or hi == lo:
+                continue
+            masks.append(g.loss_mask[lo:hi] if len(g.loss_mask) else np.ones(hi - lo, np.uint8))
+            if len(g.token_advantages):
+                advs.append(g.token_advantages[lo:hi])
+            else:
+                advs.append(np.full(hi - lo, g.advantages[i], np.float32))
+    mask = np.concatenate(masks).astype(np.uint8) if any_mask and masks else np.zeros(0, np.uint8)
+    adv = np.concatenate(advs).astype(np.float32) if any_adv and advs else np.zeros(0, np.float32)
+    return mask, adv
 
 
 def reward_stats(groups: list[Group], filtered_rewards: list[float]) -> dict[str, float]:
