@@ -16,6 +16,10 @@ PRESETS: dict[str, list[str]] = {
         "env.max_turns=4",
         "env.guess_turns=4",
         "env.max_episode_tokens=64",
+        'algo.returns="per_turn"',
+        "trainer.lr=5e-4",
+        "hub.groups_per_step=8",
+        "run.max_steps=120",
     ],
 }
 
