@@ -164,6 +164,11 @@ def _play_turn(
     turn: int,
 ) -> None:
     budget = settings.max_episode_tokens
+    for k in [k for k in live if len(eps[keys[k]].token_ids) >= budget]:
+        eps[keys[k]].truncated = eps[keys[k]].ended = True  # no room left for a reply
+    live = [k for k in live if not eps[keys[k]].ended]
+    if not live:
+        return
     room = {k: budget - len(eps[keys[k]].token_ids) for k in live}
     n = min(run.max_tokens, max(room.values()))
     rows = [eps[keys[k]].prompt_ids + eps[keys[k]].token_ids for k in live]
