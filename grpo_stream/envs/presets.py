@@ -19,7 +19,7 @@ PRESETS: dict[str, list[str]] = {
         'algo.returns="per_turn"',
         "trainer.lr=5e-4",
         "hub.groups_per_step=8",
-        "run.max_steps=120",
+        "run.max_steps=90",
     ],
 }
 
