@@ -197,10 +197,12 @@ class Generator:
         """The batch as episodes against the environment (env.name set)."""
         from grpo_stream.envs.service import episode_rollout
 
-        assert self.player is not None
+        player = self.player
+        if player is None:
+            raise RuntimeError("episodes need an EpisodePlayer (env.name set)")
         t0 = time.perf_counter()
         seed = self.cfg.run.seed * 1_000_003 + int(batch.lease_id)
-        groups = self.player.play(batch, seed)
+        groups = player.play(batch, seed)
         seconds = time.perf_counter() - t0
         tokens = 0
         for gid, prompt, ref, eps in zip(
@@ -212,9 +214,9 @@ class Generator:
             tokens += int(rollout.loss_mask.sum())
             self.link.send(rollout)
         self.link.stats.update(
-            episodes=self.player.episodes,
-            episodes_failed=self.player.failed,
-            episodes_truncated=self.player.truncated,
+            episodes=player.episodes,
+            episodes_failed=player.failed,
+            episodes_truncated=player.truncated,
         )
         self._account(len(groups), tokens, seconds)
 
