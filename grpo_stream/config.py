@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from grpo_stream.algo.settings import AlgoSettings
+from grpo_stream.envs.settings import EnvSettings, check_env_config
 from grpo_stream.evaluator.settings import EvalSettings, check_eval_config
 from grpo_stream.hardware.settings import HardwareSettings
 from grpo_stream.models.adapter import LORA_LR, LoraSettings
@@ -280,6 +281,8 @@ class RunConfig(BaseModel):
     """Device scores, refit and roles."""
     eval: EvalSettings = EvalSettings()
     """Held-out evaluation during training (the evaluator service)."""
+    env: EnvSettings = EnvSettings()
+    """Multi-turn episodes: the environment the policy talks to (none: single-turn)."""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -305,6 +308,7 @@ class RunConfig(BaseModel):
                 "is small: use trainer.parallel='ddp', which all-reduces only its gradients)"
             )
         check_eval_config(self.eval.every, self.eval.task, self.task.holdout)
+        check_env_config(self.env, self.generator.engine, self.trainer.micro_batch_tokens)
         return self
 
     def digest(self) -> str:

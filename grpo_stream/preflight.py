@@ -23,7 +23,8 @@ from importlib import resources, util
 from pathlib import Path
 from typing import Any
 
-from grpo_stream.config import DEFAULT_MODEL, RunConfig
+from grpo_stream.config import RunConfig
+from grpo_stream.models.loading import SHIPPED_MODELS
 
 FIT_PROBLEMS = 32
 """Prompts of the first this many problems are measured against the model's context."""
@@ -77,8 +78,9 @@ def find_model(
 ) -> ModelSource | None:
     """Resolve a model name or path without downloading anything; `setting` is what the
     error lines call it (`--model` for eval)."""
-    if name == DEFAULT_MODEL:
-        path = Path(str(resources.files("grpo_stream").joinpath("assets", "tiny-arith")))
+    if name in SHIPPED_MODELS:
+        asset = SHIPPED_MODELS[name]
+        path = Path(str(resources.files("grpo_stream").joinpath("assets", asset)))
         return ModelSource(name, "package", path)
     local = Path(name).expanduser()
     if _looks_local(name, local):

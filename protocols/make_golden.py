@@ -100,6 +100,12 @@ def _data_examples() -> list[m.Message]:
             truncated=[False, True],
             gen_seconds=0.25,
             sampling=m.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8),
+            loss_mask=np.array([1, 0, 1, 1, 1, 1, 1], dtype=np.uint8),
+            episode_rewards=np.array([1.1, np.nan], dtype=np.float32),
+            turn_rewards=np.array([0.1, 1.0, 0.0], dtype=np.float32),
+            turn_starts=np.array([0, 2, 0], dtype=np.int64),
+            turn_offsets=np.array([0, 2, 3], dtype=np.int64),
+            errors=["episode[1]: step raised ValueError: bad"],
         ),
         m.ScoreRequest(
             lease_id=9, group_id=100, prompt="1+2=", completions=["3", "4 "], reference={"a": "3"}
@@ -122,9 +128,11 @@ def _data_examples() -> list[m.Message]:
             advantages=np.array([0.7071, -0.7071], dtype=np.float32),
             rewards=np.array([1.0, 0.0], dtype=np.float32),
             versions=np.array([4, 4], dtype=np.int32),
-            totals=m.BatchTotals(num_seqs=2, num_tokens=5),
+            totals=m.BatchTotals(num_seqs=2, num_tokens=4),
             sampling=m.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8),
             stats=step_stats_example(),
+            loss_mask=np.array([1, 0, 1, 1, 1], dtype=np.uint8),
+            token_advantages=np.array([0.5, 0.0, 0.9, -0.7, -0.7], dtype=np.float32),
         ),
         m.WeightsChunk(
             version=5,

@@ -117,6 +117,24 @@ def _same_array(a: Any, b: Any) -> bool:
     return bool(arrays_equal(a, b))
 
 
+def _empty_uint8() -> Array:
+    import numpy as np
+
+    return np.zeros(0, dtype=np.uint8)
+
+
+def _empty_float32() -> Array:
+    import numpy as np
+
+    return np.zeros(0, dtype=np.float32)
+
+
+def _empty_int64() -> Array:
+    import numpy as np
+
+    return np.zeros(0, dtype=np.int64)
+
+
 @dataclass(eq=False)
 class Message:
     """Base of every wire message."""
@@ -292,6 +310,21 @@ class Rollout(Message):
     truncated: list[bool]
     gen_seconds: float
     sampling: SamplingParams  # echoed from the PromptBatch
+    loss_mask: Array = field(default_factory=_empty_uint8)
+    """Episodes: uint8, same length as completion_ids, 1 on sampled tokens and 0 on the
+    environment's; logprobs are 0.0 where it is 0. Empty: every completion token is sampled."""
+    episode_rewards: Array = field(default_factory=_empty_float32)
+    """Episodes: float32 (G,), each episode's outcome reward from its environment (the sum
+    of its turn rewards; NaN where the episode failed). The hub scores such a group itself,
+    without a scorer. Empty: a single-turn rollout for the scorers."""
+    turn_rewards: Array = field(default_factory=_empty_float32)
+    """Episodes: float32 (all turns,), each policy turn's reward, episode by episode."""
+    turn_starts: Array = field(default_factory=_empty_int64)
+    """Episodes: int64 (all turns,), where each policy turn begins in its completion."""
+    turn_offsets: Array = field(default_factory=_empty_int64)
+    """Episodes: int64 (G+1,), episode i's turns are turn_rewards[turn_offsets[i]:...[i+1]]."""
+    errors: list[str] = field(default_factory=list)
+    """Episodes: one line per failed episode, "episode[i]: cause"."""
 
 
 @dataclass(eq=False)
@@ -348,6 +381,12 @@ class TrainBatch(Message):
     totals: BatchTotals  # the whole step's loss normalisers (all ranks' shards)
     sampling: SamplingParams  # how every sequence in it was sampled
     stats: StepStats
+    loss_mask: Array = field(default_factory=_empty_uint8)
+    """uint8, like behaviour_logprobs (completion tokens): 1 where the loss applies (sampled
+    tokens), 0 on environment tokens. Empty: every completion token is trained."""
+    token_advantages: Array = field(default_factory=_empty_float32)
+    """float32, like behaviour_logprobs: per-token advantages (algo.returns = "per_turn"),
+    replacing `advantages` for the loss. Empty: each sequence's `advantages` value."""
 
 
 @dataclass(eq=False)

@@ -17,6 +17,7 @@ import structlog
 
 from grpo_stream.config import RunConfig
 from grpo_stream.engines import Engine, GroupSample, make_engine
+from grpo_stream.envs.service import EpisodePlayer
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.session.service import Join, Session, run_service
@@ -30,8 +31,15 @@ FETCH_BACKOFF_MAX_S = 30.0  # longest wait between two tries of a dead weight se
 class Generator:
     """One inference engine serving the hub."""
 
-    def __init__(self, link: Session, engine: Engine, throttle: float = 1.0) -> None:
+    def __init__(
+        self,
+        link: Session,
+        engine: Engine,
+        throttle: float = 1.0,
+        player: EpisodePlayer | None = None,
+    ) -> None:
         self.link = link
+        self.player = player  # plays batches as episodes (env.name set)
         self.engine = engine
         self.stop = link.stop
         self.queue: deque[m.PromptBatch] = deque()
@@ -160,6 +168,9 @@ class Generator:
         log.info("weights.applied", version=version, seconds=round(time.perf_counter() - t0, 4))
 
     def _generate(self, batch: m.PromptBatch) -> None:
+        if self.player is not None:
+            self._play(batch)
+            return
         t0 = time.perf_counter()
         samples = self.engine.generate(
             list(batch.prompts),
@@ -178,8 +189,38 @@ class Generator:
             batch.group_ids, batch.prompts, batch.references, samples, strict=False
         ):
             tokens += self._send_rollout(batch, int(gid), prompt, dict(ref), sample, seconds)
+        self._account(len(samples), tokens, seconds)
+
+    def _play(self, batch: m.PromptBatch) -> None:
+        """The batch as episodes against the environment (env.name set)."""
+        from grpo_stream.envs.service import episode_rollout
+
+        player = self.player
+        if player is None:
+            raise RuntimeError("episodes need an EpisodePlayer (env.name set)")
+        t0 = time.perf_counter()
+        seed = self.cfg.run.seed * 1_000_003 + int(batch.lease_id)
+        groups = player.play(batch, seed)
+        seconds = time.perf_counter() - t0
+        tokens = 0
+        for gid, prompt, ref, eps in zip(
+            batch.group_ids, batch.prompts, batch.references, groups, strict=True
+        ):
+            head = _rollout(batch, int(gid), self.link.instance, self.engine.version,
+                            prompt, dict(ref), seconds)  # fmt: skip
+            rollout = episode_rollout(head, eps)
+            tokens += int(rollout.loss_mask.sum())
+            self.link.send(rollout)
+        self.link.stats.update(
+            episodes=player.episodes,
+            episodes_failed=player.failed,
+            episodes_truncated=player.truncated,
+        )
+        self._account(len(groups), tokens, seconds)
+
+    def _account(self, prompts: int, tokens: int, seconds: float) -> None:
         self.batches += 1
-        self.prompts_total += len(samples)
+        self.prompts_total += prompts
         self.tokens_total += tokens
         self.busy_s += seconds
         # throughput while generating (idle time excluded): what this device can deliver
@@ -192,7 +233,7 @@ class Generator:
             prompts_total=self.prompts_total,
             busy_s=round(self.busy_s, 3),
         )
-        log.debug("batch.generated", prompts=len(samples), tokens=tokens, seconds=round(seconds, 3))
+        log.debug("batch.generated", prompts=prompts, tokens=tokens, seconds=round(seconds, 3))
 
     def _send_rollout(
         self,
@@ -230,6 +271,25 @@ class Generator:
         return int(offsets[-1])
 
 
+def _rollout(
+    batch: m.PromptBatch,
+    group_id: int,
+    instance: str,
+    version: int,
+    prompt: str,
+    ref: dict[str, object],
+    seconds: float,
+) -> m.Rollout:
+    """A Rollout with its identity filled in and no completions yet."""
+    empty = np.zeros(0, dtype=np.int32)
+    return m.Rollout(
+        lease_id=batch.lease_id, group_id=group_id, instance=instance, policy_version=version,
+        prompt=prompt, reference=ref, prompt_ids=empty, completion_ids=empty,
+        completion_offsets=np.zeros(1, dtype=np.int64), logprobs=np.zeros(0, dtype=np.float32),
+        texts=[], truncated=[], gen_seconds=seconds, sampling=batch.sampling,
+    )  # fmt: skip
+
+
 def run_generator(join: Join, throttle: float = 1.0) -> int:
     return run_service(join, lambda session: serve_generator(session, throttle))
 
@@ -250,8 +310,20 @@ def serve_generator(session: Session, throttle: float = 1.0) -> int:
         weights=cfg.weights,
     )
     log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
+    player = None
+    if cfg.env.enabled:
+        from grpo_stream.engines.hf import HFEngine
+
+        if not isinstance(engine, HFEngine):  # the config check refuses this before start
+            raise ValueError("env.name needs generator.engine = 'hf'")
+        player = EpisodePlayer(cfg.env, engine, engine.tokenizer, cfg.task.chat_template)
+        player.__enter__()
     try:
-        Generator(session, engine, throttle=max(throttle, cfg.generator.throttle)).serve()
+        Generator(
+            session, engine, throttle=max(throttle, cfg.generator.throttle), player=player
+        ).serve()
     finally:
+        if player is not None:
+            player.__exit__()
         engine.close()
     return 0

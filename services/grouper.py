@@ -32,6 +32,7 @@ from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
 from grpo_stream.hub.batches import assemble, step_stats
 from grpo_stream.hub.dispatch import Dispatcher
+from grpo_stream.hub.episodes import check_episode, is_episode, scored_by_env
 from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
@@ -215,6 +216,8 @@ class Grouper:
 
     def _on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
         refused = guard.check_rollout(msg, self.cfg.generator.group_size)
+        if refused is None and is_episode(msg):
+            refused = check_episode(msg)
         if refused is not None:
             self._refuse(peer.identity, "bad_rollout", refused, msg.KIND)
             return
@@ -224,6 +227,8 @@ class Grouper:
             self.ledger.finish(msg.group_id, "stale")
             return
         self.rollouts[msg.group_id] = msg
+        if is_episode(msg):  # scored by its environment while played: no scorer needed
+            self._on_scored(peer, scored_by_env(msg))
 
     def _on_scored(self, peer: Peer, msg: m.Scored) -> None:
         refused = guard.check_scored(msg, self.rollouts.get(msg.group_id))
@@ -240,7 +245,8 @@ class Grouper:
         finite = [float(r) for r in msg.rewards if np.isfinite(r)]
         self.recent_rewards.extend(finite)
         std = stream_batch_std(self.recent_rewards)
-        got = assemble(rollout, msg, self.cfg.algo.advantage, std)
+        algo = self.cfg.algo
+        got = assemble(rollout, msg, algo.advantage, std, algo.returns, algo.gamma)
         self._count_failure(msg, got.failed)
         if got.failed:
             self.ledger.finish(msg.group_id, "failed")

@@ -155,8 +155,10 @@ def grpo_loss(
     """The scalar loss and its metrics.
 
     `logp` (B, T) with grad; `old_logp`, `trainer_old_logp`, `ref_logp`, `entropy` (B, T);
-    `advantages` (B,); `mask` (B, T) bool, completion tokens only. `max_tokens` is required
-    with dr_grpo; `num_seqs_total` / `num_tokens_total` default to this call's own counts.
+    `advantages` (B,) per sequence or (B, T) per token (per-turn returns); `mask` (B, T)
+    bool, the completion tokens the loss covers (sampled tokens only, for episodes).
+    `max_tokens` is required with dr_grpo; `num_seqs_total` / `num_tokens_total` default
+    to this call's own counts.
 
     Metrics: clip_frac_low, clip_frac_high, clip_frac, ratio_mean, is_trunc_frac, num_tokens,
     plus dual_clip_frac (dual clip on), kl (ref_logp given), entropy (entropy given).
@@ -164,7 +166,8 @@ def grpo_loss(
     if settings.beta > 0 and ref_logp is None:
         raise ValueError("loss.beta > 0 needs ref_logp (the frozen reference's log-probs)")
     mask = mask.bool()
-    adv = advantages.to(logp.dtype)[:, None]  # (B, 1)
+    adv = advantages.to(logp.dtype)  # (B, T) per token, or (B,) -> (B, 1)
+    adv = adv if adv.dim() == 2 else adv[:, None]
     anchor, weight, over = _anchor_and_weight(logp, old_logp, trainer_old_logp, mask, settings)
     ratio = torch.exp(torch.where(mask, logp - anchor, 0.0))  # (B, T)
     per_token = _surrogate(ratio, adv, settings)

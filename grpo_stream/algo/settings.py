@@ -118,6 +118,12 @@ class AlgoSettings(BaseModel):
     """Adaptive gradient-norm regularizer."""
     rollback: RollbackSettings = RollbackSettings()
     """Non-finite step handling."""
+    returns: Literal["outcome", "per_turn"] = "outcome"
+    """Episodes (env.name set): one group-normalised advantage per episode from its outcome
+    reward (outcome, GRPO), or one per turn from the discounted return-to-go normalised at
+    equal turn index (per_turn; see grpo_stream.algo.returns). Single-turn tasks: no effect."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount of per-turn returns: G_t = r_t + gamma * G_{t+1}."""
 
     @model_validator(mode="after")
     def _check(self) -> AlgoSettings:

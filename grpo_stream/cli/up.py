@@ -43,6 +43,9 @@ def up(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print each service's host, devices and command; start nothing."
     ),
+    task: str = typer.Option(
+        None, "--task", help="A built-in task with its shipped model: arith (default), guess."
+    ),
 ) -> None:
     """Run the whole pipeline (default: the tiny model on arith, on this machine)."""
     from grpo_stream.config import ConfigError, load_config
@@ -65,6 +68,13 @@ def up(
 
     # the cluster's binds first: an explicit --set still wins
     extra = list(overrides)
+    if task is not None:
+        from grpo_stream.envs.presets import task_preset
+
+        try:
+            extra = task_preset(task) + extra
+        except ValueError as exc:
+            fail(str(exc))
     if run_dir is not None:
         extra.append(f"run.run_dir={json.dumps(str(run_dir))}")
     if max_steps is not None:

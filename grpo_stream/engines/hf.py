@@ -151,6 +151,32 @@ class HFEngine:
         )
         return groups
 
+    def complete(
+        self,
+        rows: list[list[int]],
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Completion]:
+        """One continuation of at most `max_tokens` tokens per row of token ids, fed exactly
+        as given (the multi-turn path: `grpo_stream.envs.episodes`). Each turn prefills its
+        whole row again: the KV cache is not kept between turns (cheap at tiny-model sizes)."""
+        import torch
+
+        if not rows or any(not r for r in rows):
+            raise ValueError("complete needs non-empty rows of token ids")
+        _check_args(["-"], 1, max_tokens, temperature, top_p)
+        input_ids, mask = self._left_pad(rows)
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        with torch.inference_mode():
+            tokens, logprobs, lengths = self._sample(
+                input_ids, mask, max_tokens, temperature, top_p, generator
+            )
+        return self._completions(tokens, logprobs, lengths, max_tokens)
+
     def _encode(self, prompts: list[str]) -> list[list[int]]:
         encoded: list[list[int]] = self.tokenizer(prompts)["input_ids"]
         for text, ids in zip(prompts, encoded, strict=True):
@@ -228,26 +254,33 @@ class HFEngine:
         lengths: torch.Tensor,
         max_tokens: int,
     ) -> list[GroupSample]:
+        flat = self._completions(tokens, logprobs, lengths, max_tokens)
+        return [
+            GroupSample(
+                prompt_ids=list(ids), completions=flat[p * group_size : (p + 1) * group_size]
+            )
+            for p, ids in enumerate(prompt_ids)
+        ]
+
+    def _completions(
+        self, tokens: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor, max_tokens: int
+    ) -> list[Completion]:
         tok_rows: list[list[int]] = tokens.cpu().tolist()
         lp_rows: list[list[float]] = logprobs.cpu().tolist()
         len_rows: list[int] = lengths.cpu().tolist()
-        groups = []
-        for p, ids in enumerate(prompt_ids):
-            completions = []
-            for row in range(p * group_size, (p + 1) * group_size):
-                n = len_rows[row]
-                toks = tok_rows[row][:n]
-                ended = bool(toks) and toks[-1] in self._eos_ids
-                completions.append(
-                    Completion(
-                        token_ids=toks,
-                        logprobs=lp_rows[row][:n],
-                        text=self.tokenizer.decode(toks, skip_special_tokens=True),
-                        truncated=not ended and n == max_tokens,
-                    )
+        out = []
+        for row, n in enumerate(len_rows):
+            toks = tok_rows[row][:n]
+            ended = bool(toks) and toks[-1] in self._eos_ids
+            out.append(
+                Completion(
+                    token_ids=toks,
+                    logprobs=lp_rows[row][:n],
+                    text=self.tokenizer.decode(toks, skip_special_tokens=True),
+                    truncated=not ended and n == max_tokens,
                 )
-            groups.append(GroupSample(prompt_ids=list(ids), completions=completions))
-        return groups
+            )
+        return out
 
     # ---- weights ----------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -38,16 +39,27 @@ class Assembled:
 
 
 def assemble(
-    rollout: Rollout, scored: Scored, settings: AdvantageSettings, batch_std: float | None
+    rollout: Rollout,
+    scored: Scored,
+    settings: AdvantageSettings,
+    batch_std: float | None,
+    returns: Literal["outcome", "per_turn"] = "outcome",
+    gamma: float = 1.0,
 ) -> Assembled:
-    """Combine a Rollout and its Scored into a Group with advantages."""
+    """Combine a Rollout and its Scored into a Group with advantages (episodes under
+    `algo.returns = "per_turn"`: per-token advantages, see grpo_stream.hub.episodes)."""
     import torch
 
     from grpo_stream.algo.advantages import group_advantages
+    from grpo_stream.hub.episodes import is_episode, per_turn_token_advantages
 
     rewards = np.asarray(scored.rewards, dtype=np.float32)
     result = group_advantages(torch.from_numpy(rewards.copy()), settings, batch_std=batch_std)
     valid = result.valid_mask.numpy().astype(bool)
+    zero_signal = bool(result.zero_signal)
+    token_adv = np.zeros(0, np.float32)
+    if is_episode(rollout) and returns == "per_turn":
+        token_adv, zero_signal = per_turn_token_advantages(rollout, valid, gamma, settings)
     group = Group(
         group_id=rollout.group_id,
         policy_version=rollout.policy_version,
@@ -60,8 +72,10 @@ def assemble(
         valid=valid,
         truncated=list(rollout.truncated),
         sampling=rollout.sampling,
+        loss_mask=np.array(rollout.loss_mask, dtype=np.uint8),
+        token_advantages=token_adv,
     )
-    return Assembled(group=group, zero_signal=bool(result.zero_signal), failed=not valid.any())
+    return Assembled(group=group, zero_signal=zero_signal, failed=not valid.any())
 
 
 def kept(g: Group) -> Iterator[tuple[int, int, int]]:
@@ -84,8 +98,15 @@ def build_step(
     if len(samplings) > 1:
         raise ValueError(f"step {step}: its groups were sampled differently: {sorted(samplings)}")
     seqs = [(g, lo, hi) for g in groups for _, lo, hi in kept(g)]
-    totals = BatchTotals(num_seqs=len(seqs), num_tokens=sum(hi - lo for _, lo, hi in seqs))
+    totals = BatchTotals(
+        num_seqs=len(seqs), num_tokens=sum(_trained(g, lo, hi) for g, lo, hi in seqs)
+    )
     return [_shard(step, groups[r::world], totals, groups[0].sampling, stats) for r in range(world)]
+
+
+def _trained(g: Group, lo: int, hi: int) -> int:
+    """Tokens of completion [lo, hi) the loss covers: all, or an episode's sampled ones."""
+    return int(g.loss_mask[lo:hi].sum()) if len(g.loss_mask) else hi - lo
 
 
 def build_batch(step: int, groups: list[Group], stats: StepStats | None = None) -> TrainBatch:
@@ -113,6 +134,7 @@ def _shard(
             advs.append(g.advantages[i])
             rewards.append(g.rewards[i])
             versions.append(g.policy_version)
+    loss_mask, token_advantages = _per_token(groups)
     lengths = [len(x) for x in ids]
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(lengths)
@@ -131,7 +153,30 @@ def _shard(
         totals=totals,
         sampling=sampling,
         stats=stats,
+        loss_mask=loss_mask,
+        token_advantages=token_advantages,
     )
+
+
+def _per_token(groups: list[Group]) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's loss mask and per-token advantages over its completion tokens, in
+    `_shard`'s sequence order; each empty when no group has one (single-turn batches)."""
+    any_mask = any(len(g.loss_mask) for g in groups)
+    any_adv = any(len(g.token_advantages) for g in groups)
+    if not (any_mask or any_adv):
+        return np.zeros(0, np.uint8), np.zeros(0, np.float32)
+    masks: list[np.ndarray] = []
+    advs: list[np.ndarray] = []
+    for g in groups:
+        for i, lo, hi in kept(g):
+            masks.append(g.loss_mask[lo:hi] if len(g.loss_mask) else np.ones(hi - lo, np.uint8))
+            if len(g.token_advantages):
+                advs.append(g.token_advantages[lo:hi])
+            else:
+                advs.append(np.full(hi - lo, g.advantages[i], np.float32))
+    mask = np.concatenate(masks).astype(np.uint8) if any_mask and masks else np.zeros(0, np.uint8)
+    adv = np.concatenate(advs).astype(np.float32) if any_adv and advs else np.zeros(0, np.float32)
+    return mask, adv
 
 
 def step_stats(

@@ -39,6 +39,10 @@ class Group:
     sampling: SamplingParams  # how the completions were sampled (the Rollout's)
     truncated: list[bool] = field(default_factory=list)
     uses: int = 0
+    loss_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    """Episodes: (sum_i L_i,) uint8, 1 on sampled tokens; empty: all sampled."""
+    token_advantages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    """Per-turn returns: (sum_i L_i,) float32 per-token advantages; empty: `advantages`."""
 
     @property
     def size(self) -> int:
@@ -88,6 +92,8 @@ ARRAY_FIELDS = (
     "rewards",
     "advantages",
     "valid",
+    "loss_mask",
+    "token_advantages",
 )
 
 

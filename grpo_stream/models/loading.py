@@ -25,6 +25,9 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 TINY_ASSET = "tiny-arith"
 """Directory under grpo_stream/assets that holds the built tiny model."""
+SHIPPED_MODELS = {DEFAULT_MODEL: TINY_ASSET, "grpo-stream/tiny-guess": "tiny-guess"}
+"""Model names that resolve to a directory under grpo_stream/assets (tiny-guess: the guess
+environment's model, built by grpo_stream.models.build_guess)."""
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -33,8 +36,8 @@ def resolve_model(name_or_path: str) -> str:
     A name that is written as a filesystem path (absolute, ./, ../, ~) must exist: otherwise
     transformers would take it for a hub id and fail with a confusing message.
     """
-    if name_or_path == DEFAULT_MODEL:
-        return str(resources.files("grpo_stream").joinpath("assets", TINY_ASSET))
+    if name_or_path in SHIPPED_MODELS:
+        return str(resources.files("grpo_stream").joinpath("assets", SHIPPED_MODELS[name_or_path]))
     if (
         name_or_path.startswith(("/", "./", "../", "~"))
         and not Path(name_or_path).expanduser().exists()

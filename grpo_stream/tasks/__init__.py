@@ -44,6 +44,10 @@ def _base_task(settings: TaskSettings, tokenizer: Any) -> Task:
             tokenizer=tokenizer,
             chat_template=settings.chat_template,
         )
+    if settings.name == "guess":
+        from grpo_stream.tasks.guess import GuessTask
+
+        return GuessTask(seed=settings.seed, high=settings.guess_max)
     if settings.name.startswith(GYM_PREFIX):
         from grpo_stream.tasks.gym import ReasoningGymTask
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-TASK_NAMES = ("arith", "countdown", "math", "dataset")
+TASK_NAMES = ("arith", "countdown", "math", "dataset", "guess")
 GYM_PREFIX = "reasoning_gym:"
 GSM8K_ANSWER_REGEX = r"(?s)^(?:.*####)?\s*(.*?)\s*$"
 """What follows the last `####` (GSM8K), or the whole text when there is none."""
@@ -48,7 +48,8 @@ class TaskSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str = "arith"
-    """arith (default, integer arithmetic), countdown (TinyZero), dataset (a Hugging Face
+    """arith (default, integer arithmetic), countdown (TinyZero), guess (episodes, with
+    env.name = "guess"), dataset (a Hugging Face
     dataset or local Parquet/JSONL/CSV/Arrow file), math (alias of dataset for a local file
     with GSM8K answers), or reasoning_gym:<dataset> (procedural tasks of reasoning-gym)."""
     seed: int = 0
@@ -57,6 +58,8 @@ class TaskSettings(BaseModel):
     """arith: largest operand."""
     ops: str = "+"
     """arith: operators to draw from, e.g. '+-'."""
+    guess_max: int = Field(16, ge=2, le=10_000)
+    """guess: the hidden number is in 1..guess_max (play it with env.name = "guess")."""
     countdown_numbers: int = Field(3, ge=2, le=6)
     """countdown: how many numbers each problem gives."""
     path: Path | None = None

@@ -4,8 +4,11 @@ Sequences are right-padded to the longest one, one per row (the layout the loss 
 micro-batch may also carry its sequences packed several to a row for the forward
 (`Packing`, built by grpo_stream.training.packing). Position t of `old_logp` holds the
 behaviour log-prob of token t (the generator's log p(x_t | x_<t)), so it lines up with
-`token_logprobs`; `completion_mask` is true exactly on completion tokens, never on prompt
-or padding tokens.
+`token_logprobs`; `completion_mask` is true exactly on the completion tokens the loss covers,
+never on prompt or padding tokens, and for episodes never on environment tokens (the
+TrainBatch's `loss_mask`): every part of the update (loss, normalisers, metrics, KL) reads
+this one mask. `token_advantages` (B, T), when the batch has per-turn advantages, replaces
+`advantages` (B,) in the loss.
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ class Tensors:
     rewards: torch.Tensor  # (B,) float32
     versions: torch.Tensor  # (B,) long
     packing: Packing | None = None  # the same sequences packed for the forward, if packed
+    token_advantages: torch.Tensor | None = None  # (B, T) float32 per-turn advantages, if any
+
+    @property
+    def loss_advantages(self) -> torch.Tensor:
+        """What the loss multiplies: (B, T) per-token advantages, else (B,) per sequence."""
+        return self.advantages if self.token_advantages is None else self.token_advantages
 
     @property
     def size(self) -> int:
@@ -71,6 +80,7 @@ class Tensors:
             self.rewards.to(device),
             self.versions.to(device),
             None if self.packing is None else self.packing.to(device),
+            None if self.token_advantages is None else self.token_advantages.to(device),
         )
 
     def slice(self, lo: int, hi: int) -> Tensors:
@@ -84,6 +94,9 @@ class Tensors:
             self.advantages[lo:hi],
             self.rewards[lo:hi],
             self.versions[lo:hi],
+            token_advantages=None
+            if self.token_advantages is None
+            else self.token_advantages[lo:hi, :width],
         )
 
     def select(self, rows: torch.Tensor) -> Tensors:
@@ -95,6 +108,7 @@ class Tensors:
             self.advantages[rows],
             self.rewards[rows],
             self.versions[rows],
+            token_advantages=None if self.token_advantages is None else self.token_advantages[rows],
         )
 
 
@@ -109,15 +123,21 @@ def to_tensors(batch: TrainBatch, pad_id: int) -> Tensors:
     old = torch.zeros((n, width), dtype=torch.float32)
     flat_ids = torch.from_numpy(np.asarray(batch.input_ids, dtype=np.int64))
     flat_lp = torch.from_numpy(np.array(batch.behaviour_logprobs, dtype=np.float32))
+    flat_mask = _per_token(batch.loss_mask, len(flat_lp), "loss_mask", np.bool_)
+    flat_adv = _per_token(batch.token_advantages, len(flat_lp), "token_advantages", np.float32)
+    token_adv = None if flat_adv is None else torch.zeros((n, width), dtype=torch.float32)
     lp_pos = 0
     for i in range(n):
         lo, length = int(offsets[i]), int(lengths[i])
         plen = int(batch.prompt_lens[i])
         ids[i, :length] = flat_ids[lo : lo + length]
         attn[i, :length] = 1
-        comp[i, plen:length] = True
         ncomp = length - plen
-        old[i, plen:length] = flat_lp[lp_pos : lp_pos + ncomp]
+        span = slice(lp_pos, lp_pos + ncomp)
+        comp[i, plen:length] = True if flat_mask is None else flat_mask[span]
+        old[i, plen:length] = flat_lp[span]
+        if token_adv is not None and flat_adv is not None:
+            token_adv[i, plen:length] = flat_adv[span]
         lp_pos += ncomp
     if lp_pos != len(flat_lp):
         raise ValueError(
@@ -131,4 +151,14 @@ def to_tensors(batch: TrainBatch, pad_id: int) -> Tensors:
         torch.from_numpy(np.array(batch.advantages, dtype=np.float32)),
         torch.from_numpy(np.array(batch.rewards, dtype=np.float32)),
         torch.from_numpy(np.array(batch.versions, dtype=np.int64)),
+        token_advantages=token_adv,
     )
+
+
+def _per_token(values: np.ndarray, n: int, name: str, dtype: type) -> torch.Tensor | None:
+    """A per-completion-token TrainBatch array as a tensor; None when it is empty (absent)."""
+    if len(values) == 0:
+        return None
+    if len(values) != n:
+        raise ValueError(f"TrainBatch has {len(values)} {name} values for {n} completion tokens")
+    return torch.from_numpy(np.array(values, dtype=dtype))

@@ -382,7 +382,7 @@ class TrainState:
         loss, m = grpo_loss(
             logp,
             part.old_logp,
-            part.advantages,
+            part.loss_advantages,
             part.completion_mask,
             settings,
             ref_logp=ref_logp,

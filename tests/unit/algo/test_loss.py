@@ -240,3 +240,14 @@ def test_micro_batch_accumulation_equals_full_batch(tiny_model: Any, aggregation
     assert total.item() == pytest.approx(full.item(), rel=1e-5)
     for p, g in zip(params, full_grads, strict=True):
         torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-7)
+
+
+def test_per_token_advantages_weight_each_token_by_its_own_advantage() -> None:
+    """(B, T) advantages (per-turn returns): at ratio 1 the per-token loss is -A_t, so the
+    token mean (dapo) is minus the mean advantage over the mask."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.4, -0.6]])
+    mask = torch.tensor([[True, False, True], [True, True, False]])
+    adv = torch.tensor([[0.5, 9.0, -1.0], [2.0, 0.0, 7.0]])  # 9 and 7 sit outside the mask
+    settings = LossSettings(off_policy="behaviour", aggregation="dapo")
+    loss, _ = grpo_loss(logp, logp, adv, mask, settings)
+    assert float(loss) == pytest.approx(-(0.5 - 1.0 + 2.0 + 0.0) / 4)

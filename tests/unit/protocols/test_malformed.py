@@ -68,9 +68,9 @@ def test_unknown_kind_is_refused() -> None:
 
 def test_other_major_version_names_both_versions() -> None:
     with pytest.raises(ProtocolError) as info:
-        decode(_with_header(_frames(_scored()), proto=1))  # the protocol before version 2
+        decode(_with_header(_frames(_scored()), proto=2))  # the protocol before version 3
     assert info.value.code == "version"
-    assert str(info.value) == "peer speaks protocol 1, we speak 2"
+    assert str(info.value) == "peer speaks protocol 2, we speak 3"
 
 
 def test_header_without_proto_is_refused() -> None:
@@ -300,7 +300,7 @@ def test_a_required_struct_cannot_be_nil() -> None:
 def test_a_struct_decodes_as_its_typed_record() -> None:
     back = decode(_train_batch_frames())
     assert isinstance(back, TrainBatch)
-    assert back.totals == BatchTotals(num_seqs=2, num_tokens=5)
+    assert back.totals == BatchTotals(num_seqs=2, num_tokens=4)  # the golden: 4 of 5 in the loss
 
 
 def test_encode_refuses_another_record_in_a_struct_field() -> None:

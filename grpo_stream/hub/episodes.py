@@ -1,0 +1,78 @@
+"""Episode groups at the hub: rewards that come with the Rollout, per-turn advantages.
+
+An episode Rollout (`episode_rewards` non-empty) was scored by its environment while it was
+played (`grpo_stream.envs`), so the hub scores it itself on arrival: `scored_by_env` is the
+Scored a scorer would have sent, and the group then follows the one path every group takes
+(accept_scored, advantages, buffer or filtered or failed): it ends exactly once, and the
+ledger's accounting is unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpo_stream.algo.returns import per_turn_advantages, token_advantages
+from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.protocols.messages import Rollout, Scored
+
+
+def is_episode(rollout: Rollout) -> bool:
+    return len(rollout.episode_rewards) > 0
+
+
+def check_episode(rollout: Rollout) -> str | None:
+    """Why an episode Rollout's turn arrays do not fit its completions (None: they do)."""
+    g = len(rollout.texts)
+    n = len(rollout.completion_ids)
+    turns = np.asarray(rollout.turn_offsets)
+    if len(rollout.episode_rewards) != g or len(turns) != g + 1:
+        return f"episode rollout of group {rollout.group_id}: rewards/turns are not for G={g}"
+    if len(rollout.loss_mask) != n:
+        return f"episode rollout of group {rollout.group_id}: loss_mask is not per token"
+    k = len(rollout.turn_rewards)
+    if (
+        turns[0] != 0
+        or turns[-1] != k
+        or len(rollout.turn_starts) != k
+        or np.any(np.diff(turns) < 0)
+    ):
+        return f"episode rollout of group {rollout.group_id}: turn offsets do not cover its turns"
+    return None
+
+
+def scored_by_env(rollout: Rollout) -> Scored:
+    """The group's Scored: the environment's outcome rewards, as component "env"."""
+    rewards = np.asarray(rollout.episode_rewards, dtype=np.float32)
+    return Scored(
+        lease_id=rollout.lease_id,
+        group_id=rollout.group_id,
+        rewards=rewards,
+        component_names=["env"],
+        components=rewards[None, :].copy(),
+        errors=list(rollout.errors),
+    )
+
+
+def per_turn_token_advantages(
+    rollout: Rollout, valid: np.ndarray, gamma: float, settings: AdvantageSettings
+) -> tuple[np.ndarray, bool]:
+    """Per completion token advantages of an episode group under `per_turn` returns, and
+    whether the group carries no signal (see grpo_stream.algo.returns)."""
+    comp = np.asarray(rollout.completion_offsets)
+    turns = np.asarray(rollout.turn_offsets)
+    rewards = np.asarray(rollout.turn_rewards, dtype=np.float64)
+    starts = np.asarray(rollout.turn_starts)
+    mask = np.asarray(rollout.loss_mask)
+    g = len(rollout.texts)
+    per_episode = [rewards[turns[i] : turns[i + 1]].tolist() for i in range(g)]
+    result = per_turn_advantages(per_episode, valid.tolist(), gamma, settings)
+    out = [
+        token_advantages(
+            result.advantages[i],
+            starts[turns[i] : turns[i + 1]].tolist(),
+            mask[comp[i] : comp[i + 1]].tolist(),
+        )
+        for i in range(g)
+    ]
+    flat = np.concatenate(out) if out else np.zeros(0, np.float32)
+    return flat.astype(np.float32), result.zero_signal

@@ -1,0 +1,37 @@
+"""Episode settings: bad values fail with one line naming the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_stream.config import ConfigError, load_config
+from grpo_stream.envs.presets import task_preset
+
+
+def test_the_default_run_has_no_environment() -> None:
+    assert not load_config(None, []).env.enabled
+
+
+def test_an_episode_run_on_vllm_is_refused_naming_the_engine() -> None:
+    with pytest.raises(ConfigError, match=r"generator\.engine = 'hf'"):
+        load_config(None, ['env.name="guess"', 'generator.engine="vllm"'])
+
+
+def test_an_unknown_environment_name_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"env\.name"):
+        load_config(None, ['env.name="nope"'])
+
+
+def test_episodes_must_fit_the_trainer_micro_batch() -> None:
+    with pytest.raises(ConfigError, match=r"env\.max_episode_tokens"):
+        load_config(
+            None,
+            ['env.name="guess"', "env.max_episode_tokens=5000", "trainer.micro_batch_tokens=4096"],
+        )
+
+
+def test_the_guess_preset_is_a_valid_config_and_unknown_tasks_are_named() -> None:
+    cfg = load_config(None, task_preset("guess"))
+    assert cfg.env.name == "guess" and cfg.task.name == "guess"
+    with pytest.raises(ValueError, match="--task 'chess'"):
+        task_preset("chess")
