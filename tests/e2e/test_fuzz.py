@@ -27,7 +27,7 @@ import pytest
 import zmq
 
 from grpo_stream.protocols import messages as m
-from grpo_stream.protocols.codec import ProtocolError, decode, encode
+from grpo_stream.protocols.codec import PROTO_VERSION, ProtocolError, decode, encode
 from grpo_stream.protocols.make_golden import step_stats_example
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Server, close_context, make_context
@@ -122,7 +122,7 @@ def _mutate(rng: random.Random, frames: Frames) -> Frames:
         head[rng.choice(arrays)]["shape"] = rng.choice([[2**40, 2**40], [2**62] * 32, [-1]])
         return _with_header(frames, head)
     if how == 6:  # a wrong protocol version
-        head["proto"] = rng.choice([0, 1, 99, -1, "2", 2.0, None, [2]])
+        head["proto"] = rng.choice([0, 1, 2, 99, -1, "3", 3.0, None, [3]])
         return _with_header(frames, head)
     if how == 7:  # an unknown kind
         head["kind"] = rng.choice(["", "hello!", "x" * 300, 5, None])
@@ -360,7 +360,7 @@ def _dealer(address: str) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
 
 def test_huge_declared_array_is_rejected_without_allocating(server: Server) -> None:
     meta = {"dtype": "float64", "shape": [2**26]}  # 512 MiB declared, 8 bytes sent
-    head = {"proto": 2, "kind": "weights_chunk", "version": 1, "index": 0, "count": 1,
+    head = {"proto": PROTO_VERSION, "kind": "weights_chunk", "version": 1, "index": 0, "count": 1,
             "names": ["w"], "tensors": [meta], "base": -1, "encodings": ["raw"],
             "checksums": [0], "checksum": 0}  # fmt: skip
     ctx, sock = _dealer(server.address)

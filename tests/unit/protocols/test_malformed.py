@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from grpo_stream.protocols import (
     DEFAULT_LIMITS,
+    PROTO_VERSION,
     Heartbeat,
     Limits,
     Message,
@@ -103,7 +104,8 @@ def test_wrong_list_element_type_is_refused() -> None:
 
 
 def test_int_map_key_is_refused() -> None:
-    raw = msgpack.packb({"proto": 2, "kind": "heartbeat", "instance": "g", "stats": {1: 2}})
+    head = {"proto": PROTO_VERSION, "kind": "heartbeat", "instance": "g", "stats": {1: 2}}
+    raw = msgpack.packb(head)
     assert _code([raw]) == "bad_header"  # msgpack's strict_map_key refuses it while unpacking
 
 
