@@ -18,7 +18,7 @@ from grpo_stream.protocols.codec import decode, encode
 
 from .conftest import Run, hub_events
 
-STEPS = 4
+STEPS = 40  # long enough that the run is live while every stranger asks (up to 5 s each)
 
 
 def _ask(run_dir: Path, *msgs: m.Message, identity: str = "") -> list[m.Message | None]:

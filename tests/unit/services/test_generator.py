@@ -93,8 +93,8 @@ class Serving:
 def batch(lease_id: int, min_version: int = 0) -> m.PromptBatch:
     return m.PromptBatch(
         lease_id=lease_id, group_ids=np.array([5, 6], np.int64), prompts=["3+4=", "2+2="],
-        references=[{"answer": "7"}, {"answer": "4"}], group_size=3, max_tokens=4,
-        temperature=1.0, top_p=1.0, min_version=min_version,
+        references=[{"answer": "7"}, {"answer": "4"}], group_size=3, min_version=min_version,
+        sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4),
     )  # fmt: skip
 
 
