@@ -22,97 +22,7 @@ from typing import Any
 
 import pytest
 
-SRUN = """#!{python} -S
-import os, signal, subprocess, sys
-KNOWN = {{"overlap", "kill-on-bad-exit", "nodes", "ntasks", "ntasks-per-node", "nodelist",
-         "output", "cpus-per-task"}}
-procs = []
-def forward(signum, frame):
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signum)
-signal.signal(signal.SIGTERM, forward)
-args, opts = sys.argv[1:], {{}}
-while args and args[0].startswith("--"):
-    key, _, value = args.pop(0)[2:].partition("=")
-    if key not in KNOWN:
-        sys.exit(f"srun stand-in: unsupported option --{{key}}")
-    opts[key] = value
-nodes = opts["nodelist"].split(",")
-per_node = int(opts["ntasks-per-node"])
-if int(opts["nodes"]) != len(nodes) or int(opts["ntasks"]) != per_node * len(nodes):
-    sys.exit(f"srun stand-in: inconsistent step {{opts}}")
-if "overlap" not in opts:
-    sys.exit("srun stand-in: concurrent steps need --overlap")
-for n, node in enumerate(nodes):
-    for local in range(per_node):
-        rank = n * per_node + local
-        env = dict(os.environ, SLURMD_NODENAME=node, SLURM_LOCALID=str(local),
-                   SLURM_PROCID=str(rank))
-        out = opts["output"].replace("%N", node).replace("%t", str(rank))
-        with open(out, "w") as log:
-            procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
-sys.exit(max(p.wait() for p in procs))
-"""
-
-TORCHRUN = """#!{python} -S
-import json, os, sys
-args = sys.argv[1:]
-program = args[args.index("--no-python") + 1 :]
-line = {{"event": "torchrun", "service": "torchrun", "argv": args,
-        "node": os.environ.get("SLURMD_NODENAME"), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}
-with open(os.environ["STUB_RECORD"], "a") as f:
-    f.write(json.dumps(line) + "\\n")
-os.execvp(program[0], program)
-"""
-
-SCONTROL = """#!/bin/bash
-[[ $1 == show && $2 == hostnames ]] || exit 2
-tr , '\\n' <<<"$3"
-"""
-
-GRPO_STREAM = """#!{python} -S
-import json, os, signal, sys, time, tomllib
-from pathlib import Path
-record = Path(os.environ["STUB_RECORD"])
-argv = sys.argv[1:]
-service = argv[1]
-stopping = False
-def on_term(signum, frame):
-    global stopping
-    stopping = True
-signal.signal(signal.SIGTERM, on_term)
-def note(event):
-    line = {{"event": event, "service": service, "argv": ["grpo-stream", *argv],
-            "node": os.environ.get("SLURMD_NODENAME"),
-            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}
-    with record.open("a") as f:
-        f.write(json.dumps(line) + "\\n")
-note("start")
-if service == "grouper":
-    value = next(a for a in argv if a.startswith("run.run_dir=")).split("=", 1)[1]
-    run_dir = Path(tomllib.loads("v = " + value)["v"])
-    (run_dir / "hub.addr").write_text("tcp://ready\\n")
-exits = dict(item.split("=") for item in os.environ.get("STUB_EXITS", "").split(",") if item)
-if service in exits:  # "SERVICE=RC@DELAY": exit with RC, DELAY s after every service started
-    rc, delay = exits[service].split("@")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not stopping:
-        started = sum(json.loads(l)["event"] == "start" for l in record.read_text().splitlines())
-        if started >= int(os.environ["STUB_EXPECT"]):
-            break
-        time.sleep(0.02)
-    deadline = time.monotonic() + float(delay)
-    while time.monotonic() < deadline and not stopping:
-        time.sleep(0.02)
-    note("terminated" if stopping else "exit")
-    sys.exit(0 if stopping else int(rc))
-deadline = time.monotonic() + 20
-while not stopping and time.monotonic() < deadline:
-    time.sleep(0.02)
-note("terminated" if stopping else "timeout")
-sys.exit(0 if stopping else 3)
-"""
+STUBS = Path(__file__).parent / "slurm_stubs"
 
 
 @dataclass
@@ -129,11 +39,17 @@ class SlurmRun:
 
 
 def _stubs(root: Path) -> Path:
+    """The stand-ins as executables in root/bin (the Python ones run by this interpreter)."""
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    stubs = (("srun", SRUN), ("scontrol", SCONTROL), ("grpo-stream", GRPO_STREAM))
-    for name, text in (*stubs, ("torchrun", TORCHRUN)):
-        (bin_dir / name).write_text(text.format(python=sys.executable))
+    stubs = (
+        ("srun", "srun.py", f"#!{sys.executable} -S"),
+        ("torchrun", "torchrun.py", f"#!{sys.executable} -S"),
+        ("grpo-stream", "grpo_stream.py", f"#!{sys.executable} -S"),
+        ("scontrol", "scontrol.sh", "#!/bin/bash"),
+    )
+    for name, source, shebang in stubs:
+        (bin_dir / name).write_text(f"{shebang}\n{(STUBS / source).read_text()}")
         (bin_dir / name).chmod(0o755)
     return bin_dir
 
