@@ -125,9 +125,11 @@ class HFEngine:
 
     # ---- generation -------------------------------------------------------------------
 
-    def enable_inflight(self, between_steps: Callable[[], None], keep_kv: bool = False) -> None:
+    def enable_inflight(
+        self, between_steps: Callable[[], None] | None, keep_kv: bool = False
+    ) -> None:
         """Call `between_steps` between the decoding steps of `generate` (it may apply a
-        fetched version: `take_fetched`); see `grpo_stream.engines.decode` for `keep_kv`."""
+        fetched version: `take_fetched`; None: no more); `keep_kv`: see engines.decode."""
         self._between_steps, self._keep_kv = between_steps, keep_kv
 
     def generate(
@@ -287,6 +289,11 @@ class HFEngine:
         """Start fetching the newest version on a thread (False: one is already pending);
         `take_fetched` applies it once it has arrived."""
         return self._background.start(address)
+
+    @property
+    def fetch_pending(self) -> bool:
+        """A background fetch is running or its version was not taken yet."""
+        return self._background.busy
 
     def take_fetched(self) -> int | None:
         """Apply the version a background fetch brought (None: none arrived yet); re-raises

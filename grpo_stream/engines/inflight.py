@@ -27,7 +27,9 @@ class InflightEngine(Protocol):
 
     version: int
 
-    def enable_inflight(self, between_steps: Callable[[], None], keep_kv: bool = False) -> None:
+    def enable_inflight(
+        self, between_steps: Callable[[], None] | None, keep_kv: bool = False
+    ) -> None:
         """Have `generate` call `between_steps` between its decoding steps."""
         ...
 
