@@ -141,9 +141,8 @@ def run_mode(mode: str, engine: Any, sets: list[Any], args: Any) -> Tally:
             oldest = min(v for c in g.completions for _, v in c.version_runs or [(0, 0)])
             arrived.put(oldest)
     thread.join()
-    while engine.fetch_pending:  # a version still on its way belongs to this mode
+    if engine.wait_fetched(60.0):  # a version still on its way belongs to this mode
         engine.take_fetched()
-        time.sleep(0.01)
     engine.enable_inflight(None)
     watcher.close()
     server.close()

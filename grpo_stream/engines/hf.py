@@ -295,6 +295,10 @@ class HFEngine:
         """A background fetch is running or its version was not taken yet."""
         return self._background.busy
 
+    def wait_fetched(self, timeout_s: float) -> bool:
+        """Block until the background fetch has finished (False: none, or still running)."""
+        return self._background.wait(timeout_s)
+
     def take_fetched(self) -> int | None:
         """Apply the version a background fetch brought (None: none arrived yet); re-raises
         the TransportError a failed one raised."""

@@ -12,7 +12,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -63,6 +63,13 @@ class BackgroundFetch:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="weights-fetch")
         self._pending = self._pool.submit(self._fetch, address)
         return True
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until the pending fetch finished (True) or `timeout_s` passed (False)."""
+        if self._pending is None:
+            return False
+        wait([self._pending], timeout=timeout_s)
+        return self._pending.done()
 
     def take(self) -> Fetched | None:
         """The finished fetch's result (None: none finished); re-raises the error it raised."""
