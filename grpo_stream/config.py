@@ -109,9 +109,22 @@ class GeneratorSettings(BaseModel):
     consecutive ones per generator (count x tensor_parallel in all)."""
     throttle: float = Field(1.0, ge=1)
     """Test hook: sleep so that this generator runs `throttle` times slower."""
+    inflight_updates: bool = False
+    """hf: fetch new versions on a thread while decoding and swap them in between decoding
+    steps of a running batch (each completion then carries per-token versions); false:
+    fetch and apply between batches."""
+    inflight_kv: Literal["recompute", "keep"] = "recompute"
+    """In-flight swap: recompute the rows' KV cache under the new weights (every log-prob is
+    a fresh forward's of the version that sampled it) or keep it (PipelineRL: no prefill, the
+    log-prob after a swap is the mixed state's it was sampled with)."""
 
     @model_validator(mode="after")
     def _check(self) -> GeneratorSettings:
+        if self.inflight_updates and self.engine == "vllm":
+            raise ValueError(
+                "generator.inflight_updates needs generator.engine = 'hf' (the vllm engine "
+                "applies versions between batches)"
+            )
         if self.top_p < 1.0:
             # the trainer's pi_prox is the full tempered softmax; under a nucleus the sampled
             # distribution is the renormalised truncated one, so every importance weight

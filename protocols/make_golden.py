@@ -106,6 +106,8 @@ def _data_examples() -> list[m.Message]:
             turn_starts=np.array([0, 2, 0], dtype=np.int64),
             turn_offsets=np.array([0, 2, 3], dtype=np.int64),
             errors=["episode[1]: step raised ValueError: bad"],
+            token_version_starts=np.array([0, 2, 3, 5], dtype=np.int64),
+            token_versions=np.array([4, 5, 4, 5], dtype=np.int64),
         ),
         m.ScoreRequest(
             lease_id=9, group_id=100, prompt="1+2=", completions=["3", "4 "], reference={"a": "3"}

@@ -325,6 +325,12 @@ class Rollout(Message):
     """Episodes: int64 (G+1,), episode i's turns are turn_rewards[turn_offsets[i]:...[i+1]]."""
     errors: list[str] = field(default_factory=list)
     """Episodes: one line per failed episode, "episode[i]: cause"."""
+    token_version_starts: Array = field(default_factory=_empty_int64)
+    """In-flight updates: int64 (R,), where in completion_ids each run of tokens sampled with
+    one weights version begins (0 first, increasing). Empty: policy_version sampled them all."""
+    token_versions: Array = field(default_factory=_empty_int64)
+    """In-flight updates: int64 (R,), the version of each run; policy_version is the oldest
+    (their minimum), and staleness counts from it."""
 
 
 @dataclass(eq=False)

@@ -4,7 +4,10 @@ Invariants:
 - it never holds more prompts than it asked for (credits);
 - a batch is generated with a policy version >= the batch's `min_version` (it waits for
   and applies that version first), and each Rollout says which version produced it;
-- weights are applied between batches, a whole version at a time.
+- weights are applied between batches, a whole version at a time; with
+  generator.inflight_updates they are fetched on a thread and also swapped in between
+  decoding steps (hf), and each Rollout then carries per-token version runs whose oldest is
+  its policy_version.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import numpy as np
 import structlog
 
 from grpo_stream.config import RunConfig
-from grpo_stream.engines import Engine, GroupSample, make_engine
+from grpo_stream.engines import Completion, Engine, GroupSample, make_engine
+from grpo_stream.engines.inflight import InflightEngine
 from grpo_stream.envs.service import EpisodePlayer
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
@@ -59,6 +63,9 @@ class Generator:
         self._fetch_failures = 0  # weight fetches failed in a row
         self._fetch_retry_at = 0.0
         self._warn = RateLimit()
+        self.apply_s = 0.0  # main-thread seconds spent fetching/applying weights
+        self._restarts = 0  # trainer restarts seen (a background fetch started before one is old)
+        self._fetch_started: tuple[float, int] | None = None  # background fetch: (t0, restarts)
         link.on_rejoin(self._rejoined)
 
     @property
@@ -105,6 +112,7 @@ class Generator:
             if self.watcher is not None:
                 self.watcher.close()
                 self.reload = True
+                self._restarts += 1
             self.watcher = WeightsWatcher(
                 self.link.ctx, address, self.cfg.transport, self.link.security
             )
@@ -119,7 +127,8 @@ class Generator:
         the hub says the trainer is ahead of us), then check the batch's `min_version`.
         If that version does not come within the heartbeat deadline (the trainer rolled a
         step back, say), generate anyway: the hub drops what is too stale, counted."""
-        if (self.announced > self.engine.version or self.reload) and "weights" in self.link.peers:
+        behind = self.announced > self.engine.version or self.reload
+        if (behind or self._fetch_started is not None) and "weights" in self.link.peers:
             self._fetch_weights()
         now = time.monotonic()
         if self.engine.version >= min_version:
@@ -143,29 +152,68 @@ class Generator:
         if now < self._fetch_retry_at:
             return
         address = self.link.peers["weights"]
+        if isinstance(self.engine, InflightEngine) and self.cfg.generator.inflight_updates:
+            self._fetch_in_background(self.engine, address)
+            return
         t0 = time.perf_counter()
         try:
             version = self.engine.update_from_server(address, -1)
         except TransportError as exc:
-            self._fetch_failures += 1
-            backoff = min(FETCH_BACKOFF_MAX_S, 2.0 ** (self._fetch_failures - 1))
-            self._fetch_retry_at = time.monotonic() + backoff
-            self.reload = True  # whatever the newest version is once the server is back
-            count = self._warn.allow("weights.fetch_failed")
-            if count is not None:
-                log.warning(
-                    "weights.fetch_failed",
-                    address=address,
-                    error=str(exc),
-                    failures=self._fetch_failures,
-                    retry_in_s=backoff,
-                    count=count,
-                )
+            self._fetch_failed(address, exc)
             return
-        self.reload = False
+        self.apply_s += time.perf_counter() - t0
+        self._fetched(version, time.perf_counter() - t0, fresh=True)
+
+    def _fetch_in_background(self, engine: InflightEngine, address: str) -> None:
+        """Apply what a background fetch brought, then start the next one if still behind."""
+        t0 = time.perf_counter()
+        try:
+            version = engine.take_fetched()
+        except TransportError as exc:
+            self._fetch_started = None
+            self._fetch_failed(address, exc)
+            return
+        if version is not None:
+            self.apply_s += time.perf_counter() - t0
+            started, restarts = self._fetch_started or (t0, self._restarts)
+            self._fetch_started = None
+            self._fetched(version, time.perf_counter() - started, restarts == self._restarts)
+        behind = self.announced > self.engine.version or self.reload
+        if behind and engine.fetch_in_background(address):
+            self._fetch_started = (time.perf_counter(), self._restarts)
+
+    def _fetch_failed(self, address: str, exc: TransportError) -> None:
+        self._fetch_failures += 1
+        backoff = min(FETCH_BACKOFF_MAX_S, 2.0 ** (self._fetch_failures - 1))
+        self._fetch_retry_at = time.monotonic() + backoff
+        self.reload = True  # whatever the newest version is once the server is back
+        count = self._warn.allow("weights.fetch_failed")
+        if count is not None:
+            log.warning(
+                "weights.fetch_failed",
+                address=address,
+                error=str(exc),
+                failures=self._fetch_failures,
+                retry_in_s=backoff,
+                count=count,
+            )
+
+    def _fetched(self, version: int, seconds: float, fresh: bool) -> None:
+        """`fresh`: fetched from the trainer the hub names now (not one since restarted)."""
+        self.reload = self.reload and not fresh
         self._fetch_failures = 0
         self.announced = version  # the server's newest is the truth
-        log.info("weights.applied", version=version, seconds=round(time.perf_counter() - t0, 4))
+        log.info("weights.applied", version=version, seconds=round(seconds, 4))
+
+    def between_steps(self) -> None:
+        """In-flight updates (the engine calls this between decoding steps): follow the
+        announcements and swap in a version fetched meanwhile."""
+        self._poll_weights()
+        pending = self._fetch_started is not None
+        if (self.announced > self.engine.version or self.reload or pending) and (
+            "weights" in self.link.peers
+        ):
+            self._fetch_weights()
 
     def _generate(self, batch: m.PromptBatch) -> None:
         if self.player is not None:
@@ -250,12 +298,13 @@ class Generator:
         offsets[1:] = np.cumsum(lengths)
         flat_ids = [t for c in comps for t in c.token_ids]
         flat_lp = [lp for c in comps for lp in c.logprobs]
+        starts, versions = token_version_runs(comps, offsets, self.engine.version)
         self.link.send(
             m.Rollout(
                 lease_id=batch.lease_id,
                 group_id=group_id,
                 instance=self.link.instance,
-                policy_version=self.engine.version,
+                policy_version=min(versions),
                 prompt=prompt,
                 reference=ref,
                 prompt_ids=np.array(sample.prompt_ids, dtype=np.int32),
@@ -266,9 +315,31 @@ class Generator:
                 truncated=[c.truncated for c in comps],
                 gen_seconds=seconds,
                 sampling=batch.sampling,
+                token_version_starts=_on_wire(starts, versions),
+                token_versions=_on_wire(versions, versions),
             )
         )
         return int(offsets[-1])
+
+
+def token_version_runs(
+    comps: list[Completion], offsets: np.ndarray, version: int
+) -> tuple[list[int], list[int]]:
+    """(starts in the flat completion ids, versions) of the group's runs of tokens sampled
+    with one version; a completion without runs was sampled wholly by `version`."""
+    starts: list[int] = []
+    versions: list[int] = []
+    for c, off in zip(comps, offsets[:-1].tolist(), strict=True):
+        for start, v in c.version_runs or [(0, version)]:
+            if not versions or versions[-1] != v:
+                starts.append(off + start)
+                versions.append(v)
+    return starts or [0], versions or [version]
+
+
+def _on_wire(values: list[int], versions: list[int]) -> np.ndarray:
+    """A run field of the Rollout: empty (the wire as before) when one version sampled all."""
+    return np.array(values if len(set(versions)) > 1 else [], dtype=np.int64)
 
 
 def _rollout(
@@ -319,9 +390,12 @@ def serve_generator(session: Session, throttle: float = 1.0) -> int:
         player = EpisodePlayer(cfg.env, engine, engine.tokenizer, cfg.task.chat_template)
         player.__enter__()
     try:
-        Generator(
+        generator = Generator(
             session, engine, throttle=max(throttle, cfg.generator.throttle), player=player
-        ).serve()
+        )
+        if cfg.generator.inflight_updates and isinstance(engine, InflightEngine):
+            engine.enable_inflight(generator.between_steps, cfg.generator.inflight_kv == "keep")
+        generator.serve()
     finally:
         if player is not None:
             player.__exit__()

@@ -223,7 +223,8 @@ class Grouper:
             return
         if not self.ledger.accept_rollout(msg.group_id):
             return
-        if self.ledger.is_stale(msg.policy_version):
+        oldest = self.ledger.oldest_version(msg.policy_version, msg.token_versions.tolist())
+        if self.ledger.is_stale(oldest):
             self.ledger.finish(msg.group_id, "stale")
             return
         self.rollouts[msg.group_id] = msg

@@ -14,8 +14,11 @@ Conventions every engine keeps (the trainer relies on them):
   end-of-sequence token.
 - `generate` returns one `GroupSample` per prompt, in prompt order, each with exactly
   `group_size` completions.
-- Weights change only between `generate` calls and only as a complete version: a version
-  is validated in full before any parameter is written, so it is never half-applied.
+- Weights change only as a complete version: a version is validated in full before any
+  parameter is written, so it is never half-applied. They change between `generate` calls,
+  and with in-flight updates (hf: `enable_inflight`) also between decoding steps; then
+  `Completion.version_runs` says which version sampled which tokens, and `logprobs[i]` is
+  under the version that sampled token i.
 
 Importing this module (or `grpo_stream.engines`) imports neither torch nor vLLM.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -53,6 +56,9 @@ class Completion:
     text: str
     truncated: bool
     """True when the completion hit max_tokens without an end-of-sequence token."""
+    version_runs: list[tuple[int, int]] = field(default_factory=list)
+    """(first token index, weights version) per run of tokens sampled with one version, in
+    order (several with in-flight updates). Empty: the engine's version sampled them all."""
 
 
 @dataclass

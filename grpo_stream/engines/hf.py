@@ -15,6 +15,10 @@ Invariants (see `grpo_stream.engines.base` for the completion conventions):
   give equal outputs; without one it draws from torch's global generator.
 - `load_weights` checks names, shapes and completeness of the whole version before it
   writes any parameter, then copies in place under no_grad (the model object is kept).
+- In-flight updates (`enable_inflight`, generator.inflight_updates): a version fetched on a
+  thread (`fetch_in_background`) is applied between two decoding steps of `generate` by the
+  generator's hook (`take_fetched`); the decode loop (`grpo_stream.engines.decode`) records
+  which version gave each step's logits. `complete` (episodes) never swaps mid-turn.
 
 Why a hand-written loop rather than `model.generate`: on the CPU it is as fast for the tiny
 model (measured within noise, about 8k tokens/s on one thread, 16 x 8 x 8 tokens), it
@@ -26,8 +30,9 @@ log-probs disagree with the trainer's.
 from __future__ import annotations
 
 import inspect
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -38,6 +43,8 @@ from grpo_stream.engines.base import (
     resolve_device,
     to_torch,
 )
+from grpo_stream.engines.decode import Decoded, Decoder, version_runs
+from grpo_stream.engines.inflight import Arrays, BackgroundFetch
 from grpo_stream.models.adapter import split_adapter
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 
@@ -85,7 +92,12 @@ class HFEngine:
         self._relay: Relay | None = None  # serves what we fetch to others (weights.relay)
         # transformers 5 renamed the forward argument past_key_values to cache.
         forward_args = inspect.signature(self.model.forward).parameters
-        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self._decoder = Decoder(self.model, cache_arg, self._eos_ids)
+        self._between_steps: Callable[[], None] | None = None  # enable_inflight
+        self._keep_kv = False
+        self._fetch_lock = threading.Lock()  # one fetch into the replica at a time
+        self._background = BackgroundFetch(lambda address: self._fetch(address, -1))
 
     @classmethod
     def from_settings(
@@ -113,6 +125,13 @@ class HFEngine:
 
     # ---- generation -------------------------------------------------------------------
 
+    def enable_inflight(
+        self, between_steps: Callable[[], None] | None, keep_kv: bool = False
+    ) -> None:
+        """Call `between_steps` between the decoding steps of `generate` (it may apply a
+        fetched version: `take_fetched`; None: no more); `keep_kv`: see engines.decode."""
+        self._between_steps, self._keep_kv = between_steps, keep_kv
+
     def generate(
         self,
         prompts: list[str],
@@ -123,23 +142,19 @@ class HFEngine:
         seed: int | None = None,
     ) -> list[GroupSample]:
         """Sample `group_size` completions of at most `max_tokens` tokens for each prompt."""
-        import torch
-
         _check_args(prompts, group_size, max_tokens, temperature, top_p)
         start = time.perf_counter()
         prompt_ids = self._encode(prompts)
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
-        input_ids, mask = self._left_pad(rows)
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
-        with torch.inference_mode():
-            tokens, logprobs, lengths = self._sample(
-                input_ids, mask, max_tokens, temperature, top_p, generator
+        flat = self.sample_rows(rows, max_tokens, temperature, top_p, seed, inflight=True)
+        groups = [
+            GroupSample(
+                prompt_ids=list(ids), completions=flat[p * group_size : (p + 1) * group_size]
             )
-        groups = self._to_groups(prompt_ids, group_size, tokens, logprobs, lengths, max_tokens)
+            for p, ids in enumerate(prompt_ids)
+        ]
         seconds = time.perf_counter() - start
-        new_tokens = int(lengths.sum())
+        new_tokens = sum(len(c.token_ids) for c in flat)
         log.debug(
             "engine.generated",
             prompts=len(prompts),
@@ -162,20 +177,36 @@ class HFEngine:
         """One continuation of at most `max_tokens` tokens per row of token ids, fed exactly
         as given (the multi-turn path: `grpo_stream.envs.episodes`). Each turn prefills its
         whole row again: the KV cache is not kept between turns (cheap at tiny-model sizes)."""
-        import torch
-
         if not rows or any(not r for r in rows):
             raise ValueError("complete needs non-empty rows of token ids")
         _check_args(["-"], 1, max_tokens, temperature, top_p)
+        return self.sample_rows(rows, max_tokens, temperature, top_p, seed)
+
+    def sample_rows(
+        self,
+        rows: list[list[int]],
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        inflight: bool = False,
+    ) -> list[Completion]:
+        """The one sampling setup: left-pad `rows` (checked by the caller), seed a private
+        generator, decode under inference mode. `inflight`: versions may be swapped in between
+        steps (`enable_inflight`); each Completion says which version sampled which tokens."""
+        import torch
+
         input_ids, mask = self._left_pad(rows)
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
+        hook = self._between_steps if inflight else None
         with torch.inference_mode():
-            tokens, logprobs, lengths = self._sample(
-                input_ids, mask, max_tokens, temperature, top_p, generator
-            )
-        return self._completions(tokens, logprobs, lengths, max_tokens)
+            got = self._decoder.run(
+                input_ids, mask, max_tokens, temperature, top_p, generator,
+                version=lambda: self.version, between_steps=hook, keep_kv=self._keep_kv,
+            )  # fmt: skip
+        return self._completions(got, max_tokens)
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:
         encoded: list[list[int]] = self.tokenizer(prompts)["input_ids"]
@@ -195,79 +226,10 @@ class HFEngine:
             mask[i, width - len(ids) :] = 1
         return input_ids.to(self.device), mask.to(self.device)  # (B, T), (B, T)
 
-    def _sample(
-        self,
-        input_ids: torch.Tensor,
-        mask: torch.Tensor,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decode loop: (tokens (B, N), logprobs (B, N), lengths (B,)), N <= max_tokens."""
-        import torch
-        from transformers import DynamicCache
-
-        batch = input_ids.shape[0]
-        eos = torch.tensor(sorted(self._eos_ids), device=self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T): pad-independent positions
-        cache = {self._cache_arg: DynamicCache()}  # filled in place by every forward
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **cache,
-        )
-        next_pos = positions[:, -1:] + 1  # (B, 1)
-        lengths = torch.full((batch,), max_tokens, dtype=torch.long, device=self.device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        tokens, logprobs = [], []
-        for step in range(max_tokens):
-            logp = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)  # (B, V)
-            tok = _draw(logp, top_p, generator)  # (B,)
-            tokens.append(tok)
-            logprobs.append(logp.gather(-1, tok[:, None])[:, 0])
-            ended = ~finished & torch.isin(tok, eos)
-            lengths[ended] = step + 1
-            finished |= ended
-            if step == max_tokens - 1 or bool(finished.all()):
-                break
-            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
-            out = self.model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                use_cache=True,
-                **cache,
-            )
-            next_pos = next_pos + 1
-        return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), lengths
-
-    def _to_groups(
-        self,
-        prompt_ids: list[list[int]],
-        group_size: int,
-        tokens: torch.Tensor,
-        logprobs: torch.Tensor,
-        lengths: torch.Tensor,
-        max_tokens: int,
-    ) -> list[GroupSample]:
-        flat = self._completions(tokens, logprobs, lengths, max_tokens)
-        return [
-            GroupSample(
-                prompt_ids=list(ids), completions=flat[p * group_size : (p + 1) * group_size]
-            )
-            for p, ids in enumerate(prompt_ids)
-        ]
-
-    def _completions(
-        self, tokens: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor, max_tokens: int
-    ) -> list[Completion]:
-        tok_rows: list[list[int]] = tokens.cpu().tolist()
-        lp_rows: list[list[float]] = logprobs.cpu().tolist()
-        len_rows: list[int] = lengths.cpu().tolist()
+    def _completions(self, got: Decoded, max_tokens: int) -> list[Completion]:
+        tok_rows: list[list[int]] = got.tokens.cpu().tolist()
+        lp_rows: list[list[float]] = got.logprobs.cpu().tolist()
+        len_rows: list[int] = got.lengths.cpu().tolist()
         out = []
         for row, n in enumerate(len_rows):
             toks = tok_rows[row][:n]
@@ -278,6 +240,7 @@ class HFEngine:
                     logprobs=lp_rows[row][:n],
                     text=self.tokenizer.decode(toks, skip_special_tokens=True),
                     truncated=not ended and n == max_tokens,
+                    version_runs=version_runs(got.step_versions, n),
                 )
             )
         return out
@@ -318,30 +281,59 @@ class HFEngine:
         The engine keeps the wire arrays of the version it holds (a `Replica`), so the server
         can send a delta from it; a refused delta is re-fetched in full (see transport.fetch).
         """
+        got, named = self._fetch(address, version)
+        self.load_weights(named, got)
+        return got
+
+    def fetch_in_background(self, address: str) -> bool:
+        """Start fetching the newest version on a thread (False: one is already pending);
+        `take_fetched` applies it once it has arrived."""
+        return self._background.start(address)
+
+    @property
+    def fetch_pending(self) -> bool:
+        """A background fetch is running or its version was not taken yet."""
+        return self._background.busy
+
+    def wait_fetched(self, timeout_s: float) -> bool:
+        """Block until the background fetch has finished (False: none, or still running)."""
+        return self._background.wait(timeout_s)
+
+    def take_fetched(self) -> int | None:
+        """Apply the version a background fetch brought (None: none arrived yet); re-raises
+        the TransportError a failed one raised."""
+        got = self._background.take()
+        if got is None:
+            return None
+        self.load_weights(got[1], got[0])
+        return got[0]
+
+    def _fetch(self, address: str, version: int) -> tuple[int, Arrays]:
         import zmq
 
         from grpo_stream.transport.fetch import Replica
 
-        if self._zmq_ctx is None:
-            self._zmq_ctx = zmq.Context()
-        if self._replica is None:
-            self._replica = Replica()
-        if self._weights.relay and self._relay is None:
-            from grpo_stream.transport.relay import Relay
+        with self._fetch_lock:
+            if self._zmq_ctx is None:
+                self._zmq_ctx = zmq.Context()
+            if self._replica is None:
+                self._replica = Replica()
+            if self._weights.relay and self._relay is None:
+                from grpo_stream.transport.relay import Relay
 
-            self._relay = Relay(
-                self._zmq_ctx, self._weights.relay_bind, self._transport, self._security,
-                wait_s=self._weights.relay_stall_s,
+                self._relay = Relay(
+                    self._zmq_ctx, self._weights.relay_bind, self._transport, self._security,
+                    wait_s=self._weights.relay_stall_s,
+                )  # fmt: skip
+            got = self._replica.fetch(
+                self._zmq_ctx, address, self._transport, self._security, version=version,
+                weights=self._weights, relay=self._relay,
             )  # fmt: skip
-        got = self._replica.fetch(
-            self._zmq_ctx, address, self._transport, self._security, version=version,
-            weights=self._weights, relay=self._relay,
-        )  # fmt: skip
-        self.load_weights(self._replica.named(), got)
-        return got
+            return got, self._replica.named()
 
     def close(self) -> None:
         """Drop the model and close the ZeroMQ context (sockets linger 0, so this never hangs)."""
+        self._background.close()
         if self._relay is not None:
             self._relay.close()
             self._relay = None
@@ -392,20 +384,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
-
-
-def _draw(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from the tempered distribution, within the nucleus `top_p`."""
-    import torch
-
-    probs = logp.exp()  # (B, V)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p
-        sorted_p = sorted_p.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def _check_args(

@@ -71,6 +71,23 @@ def check_rollout(msg: m.Rollout, group_size: int) -> str | None:
         return f"rollout of group {msg.group_id}: offsets do not cover its {n} tokens"
     if len(msg.logprobs) != n or len(msg.truncated) != group_size:
         return f"rollout of group {msg.group_id}: logprobs/truncated do not match its tokens"
+    return check_token_versions(msg)
+
+
+def check_token_versions(msg: m.Rollout) -> str | None:
+    """Per-token version runs (in-flight updates): starts 0, increasing, within the tokens;
+    their oldest version is the rollout's policy_version (what staleness counts from)."""
+    starts, versions = np.asarray(msg.token_version_starts), np.asarray(msg.token_versions)
+    if len(starts) == 0 and len(versions) == 0:
+        return None
+    n = len(msg.completion_ids)
+    if len(starts) != len(versions) or starts[0] != 0 or np.any(np.diff(starts) <= 0):
+        return f"rollout of group {msg.group_id}: token version runs are not increasing from 0"
+    if starts[-1] >= n or int(versions.min()) != msg.policy_version:
+        return (
+            f"rollout of group {msg.group_id}: token version runs past its {n} tokens or "
+            f"oldest {int(versions.min())} != policy_version {msg.policy_version}"
+        )
     return None
 
 

@@ -71,3 +71,31 @@ def test_tied_lm_head_follows_the_embedding_sent_once(
     model = hf_engine.model
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert torch.equal(model.lm_head.weight.detach(), new["model.embed_tokens.weight"])
+
+
+def test_a_version_fetched_in_the_background_is_swapped_in_mid_batch(
+    hf_engine: HFEngine, weight_server: WeightServer
+) -> None:
+    new = trained_copy(hf_engine.model)
+    weight_server.publish(3, new.items())
+    address = weight_server.addresses["weights"]
+    swapped_at: list[int] = []
+    steps: list[int] = []
+
+    def between_steps() -> None:  # what the generator does in flight, step by step
+        steps.append(1)
+        if len(steps) == 1:
+            assert hf_engine.fetch_in_background(address)
+            assert not hf_engine.fetch_in_background(address)  # one pending at a time
+        got = hf_engine.take_fetched()
+        if got is not None:
+            swapped_at.append(len(steps))
+
+    hf_engine.enable_inflight(between_steps)
+    deadline = 200  # steps: the fetch finishes on its thread while the batch decodes
+    groups = hf_engine.generate(PROMPTS, group_size=2, max_tokens=deadline, temperature=1.0)
+    assert len(swapped_at) == 1 and hf_engine.version == 3
+    runs = [c.version_runs for g in groups for c in g.completions]
+    assert [(0, 0), (swapped_at[0], 3)] in runs  # the rows still decoding switched there
+    for name, param in hf_engine.model.named_parameters():
+        assert torch.equal(param.detach(), new[name])

@@ -77,3 +77,31 @@ def test_a_second_connection_with_a_live_identity_does_not_take_it_over() -> Non
     for sock in (real, stranger, server):
         sock.close()
     close_context(ctx)
+
+
+def spanning_rollout(starts: list[int], versions: list[int], policy_version: int) -> m.Rollout:
+    """A group of 2 completions of 4 tokens, with in-flight version runs."""
+    return m.Rollout(
+        lease_id=1, group_id=0, instance="g", policy_version=policy_version, prompt="p",
+        reference={}, prompt_ids=np.zeros(1, np.int32), completion_ids=np.zeros(8, np.int32),
+        completion_offsets=np.array([0, 4, 8], np.int64), logprobs=np.zeros(8, np.float32),
+        texts=["x"] * 2, truncated=[False] * 2, gen_seconds=0.1,
+        sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4),
+        token_version_starts=np.array(starts, np.int64),
+        token_versions=np.array(versions, np.int64),
+    )  # fmt: skip
+
+
+def test_token_version_runs_from_zero_with_the_oldest_as_policy_version_pass() -> None:
+    assert guard.check_rollout(spanning_rollout([0, 2, 4, 6], [3, 4, 3, 4], 3), 2) is None
+
+
+def test_token_version_runs_that_are_not_increasing_from_zero_are_refused() -> None:
+    assert guard.check_rollout(spanning_rollout([1, 2], [3, 4], 3), 2) is not None
+    assert guard.check_rollout(spanning_rollout([0, 4, 4], [3, 4, 5], 3), 2) is not None
+    assert guard.check_rollout(spanning_rollout([0, 8], [3, 4], 3), 2) is not None  # past T
+
+
+def test_a_policy_version_newer_than_its_oldest_token_is_refused() -> None:
+    # a generator claiming its newest version would make old tokens look fresh
+    assert guard.check_rollout(spanning_rollout([0, 2], [3, 4], 4), 2) is not None

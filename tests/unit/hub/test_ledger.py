@@ -163,3 +163,11 @@ def test_the_trainers_version_survives_a_checkpoint() -> None:
     restored = make()
     restored.load_state(ledger.state(), scored=set())
     assert (restored.trainer_version, restored.next_version) == (7, 8)
+
+
+def test_a_rollout_whose_tokens_span_versions_is_as_stale_as_its_oldest_token() -> None:
+    ledger = make(staleness=1)
+    ledger.observe_trainer(5)
+    oldest = ledger.oldest_version(3, [3, 5])  # sampled by 3, then swapped to 5 in flight
+    assert oldest == 3 and ledger.is_stale(oldest)
+    assert ledger.oldest_version(4, []) == 4  # one version sampled every token

@@ -196,3 +196,40 @@ def test_a_server_that_died_is_given_up_and_retried_at_the_hubs_new_address(
         gen._ensure_version(want)
     assert engine.version == want and gen._fetch_failures == 0
     session.close("done")
+
+
+def test_in_flight_a_version_fetched_meanwhile_is_swapped_in_and_the_oldest_is_the_rollouts(
+    engine: Engine, server: WeightServer, cfg: RunConfig
+) -> None:
+    from grpo_stream.engines.hf import HFEngine
+    from grpo_stream.hub.guard import check_rollout
+
+    assert isinstance(engine, HFEngine)
+    inflight = cfg.model_copy(
+        update={"generator": cfg.generator.model_copy(update={"inflight_updates": True})}
+    )
+    hub = ScriptedHub(inflight)
+    hub.peers = {"weights": server.addresses["weights"]}
+    session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
+    session.connect()
+    assert session.cfg.generator.inflight_updates
+    gen = Generator(session, engine)
+    engine.enable_inflight(gen.between_steps)
+    try:
+        old = engine.version
+        weights = [(n, p.detach().clone() + 0.01) for n, p in engine.model.named_parameters()]
+        server.publish(old + 1, weights)
+        gen.announced = old + 1
+        gen._fetch_weights()  # in flight: fetched on a thread, not applied here
+        assert engine.version == old and engine.fetch_pending
+        assert engine.wait_fetched(30)
+        gen._generate(batch(lease_id=4))  # the first step boundary swaps it in
+        assert engine.version == old + 1
+        for r in hub.wait_for(m.Rollout, count=2, timeout_s=30):
+            assert isinstance(r, m.Rollout) and check_rollout(r, 3) is None
+            assert r.policy_version == old  # the oldest token's version
+            assert list(r.token_versions[:2]) == [old, old + 1]
+    finally:
+        engine.enable_inflight(None)
+        session.close("done")
+        hub.close()

@@ -1,0 +1,203 @@
+"""In-flight weight updates vs updates between batches: generator idle time per update,
+trainer wait per step, steps/s (generator.inflight_updates; one process, loopback).
+
+The generator is a real `HFEngine` (the tiny model, or bench.vs_trl's 10x model, fp32 on the
+CPU) following a real `WeightServer`'s announcements with a real `WeightsWatcher`, as the
+generator service does: `between` fetches and applies the newest version before each batch
+(`update_from_server`, the generator waits), `inflight` fetches it on a thread
+(`fetch_in_background`) and swaps it in between two decoding steps (`take_fetched`), KV
+recomputed (`inflight`) or kept (`inflight-keep`). The trainer is a thread that is NOT a real
+optimiser (that would take the generator's cores): per step it waits until `--groups` groups
+whose oldest token is at most `--max-staleness` versions behind have arrived (older ones are
+dropped, counted), sleeps `--train-s`, then publishes a new version (the initial weights plus
+small noise: real bytes through the real server, deltas on).
+
+Printed per mode: steps/s, trainer wait per step, generator idle per applied update (main-
+thread seconds in fetch+apply), generation tokens/s, mean staleness of trained groups (oldest
+token), groups dropped stale; the last line is the steps/s ratio inflight/between.
+
+Run: python -m bench.inflight [--model tiny|10x] [--max-tokens 256] [--steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS_DIR, TINY_MODEL, environment, save_json
+
+MODES = ("between", "inflight", "inflight-keep")
+PROMPTS = ["12+34=", "7+8=", "100-1=", "9+9="]
+
+
+@dataclass
+class Tally:
+    """What one mode measured."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    trainer_wait_s: list[float] = field(default_factory=list)
+    idle_s: list[float] = field(default_factory=list)  # per applied update
+    tokens: int = 0
+    gen_s: float = 0.0
+    staleness: list[int] = field(default_factory=list)
+    dropped: int = 0
+
+    def row(self) -> dict[str, float]:
+        return {
+            "steps_per_s": self.steps / max(self.seconds, 1e-9),
+            "trainer_wait_per_step_s": statistics.fmean(self.trainer_wait_s or [0.0]),
+            "idle_per_update_s": statistics.fmean(self.idle_s or [0.0]),
+            "updates": len(self.idle_s),
+            "gen_tokens_per_s": self.tokens / max(self.gen_s, 1e-9),
+            "staleness_mean": statistics.fmean(self.staleness or [0.0]),
+            "dropped_stale": self.dropped,
+        }
+
+
+def versions(engine: Any, count: int) -> list[list[tuple[str, Any]]]:
+    """`count` weight sets near the engine's: what a trainer at a small lr would publish."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    base = [(n, p.detach().clone()) for n, p in engine.model.named_parameters()]
+    return [
+        [(n, p + 1e-3 * torch.randn(p.shape, generator=gen)) for n, p in base] for _ in range(count)
+    ]
+
+
+def trainer(server: Any, sets: list[Any], arrived: queue.Queue[int], args: Any, tally: Tally,
+            done: threading.Event) -> None:  # fmt: skip
+    """Wait for fresh groups, 'train' (sleep), publish; `tally` gets the waits and ages."""
+    start = time.perf_counter()
+    for step in range(args.steps):
+        t0, got = time.perf_counter(), 0
+        while got < args.groups:
+            oldest = arrived.get()
+            if step - oldest > args.max_staleness:
+                tally.dropped += 1
+                continue
+            tally.staleness.append(step - oldest)
+            got += 1
+        tally.trainer_wait_s.append(time.perf_counter() - t0)
+        time.sleep(args.train_s)
+        server.publish(step + 1, sets[(step + 1) % len(sets)])
+        tally.steps += 1
+    tally.seconds = time.perf_counter() - start
+    done.set()
+
+
+def run_mode(mode: str, engine: Any, sets: list[Any], args: Any) -> Tally:
+    import zmq
+
+    from grpo_stream.transport.fetch import WeightsWatcher
+    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+    from grpo_stream.transport.weights import WeightServer
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    transport, security = TransportSettings(), SecuritySettings()
+    server = WeightServer(ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", transport, security)
+    address = server.addresses["weights"]
+    engine.load_weights(sets[0], 0)
+    server.publish(0, sets[0])
+    engine.update_from_server(address, 0)
+    watcher = WeightsWatcher(ctx, server.addresses["announce"], transport, security)
+    tally, arrived, done = Tally(), queue.Queue[int](), threading.Event()
+
+    def take() -> None:
+        t0 = time.perf_counter()
+        if engine.take_fetched() is not None:
+            tally.idle_s.append(time.perf_counter() - t0)
+        announced = watcher.poll(0)
+        if announced is not None and announced > engine.version:
+            engine.fetch_in_background(address)
+
+    if mode != "between":
+        engine.enable_inflight(take, keep_kv=mode == "inflight-keep")
+    thread = threading.Thread(target=trainer, args=(server, sets, arrived, args, tally, done))
+    thread.start()
+    batch = 0
+    while not done.is_set():
+        announced = watcher.poll(0)
+        if mode == "between" and announced is not None and announced > engine.version:
+            t0 = time.perf_counter()
+            engine.update_from_server(address, -1)
+            tally.idle_s.append(time.perf_counter() - t0)
+        elif mode != "between":
+            take()
+        t0 = time.perf_counter()
+        groups = engine.generate(PROMPTS, args.group_size, args.max_tokens, 1.0, seed=batch)
+        tally.gen_s += time.perf_counter() - t0
+        batch += 1
+        for g in groups:
+            tally.tokens += sum(len(c.token_ids) for c in g.completions)
+            oldest = min(v for c in g.completions for _, v in c.version_runs or [(0, 0)])
+            arrived.put(oldest)
+    thread.join()
+    if engine.wait_fetched(60.0):  # a version still on its way belongs to this mode
+        engine.take_fetched()
+    engine.enable_inflight(None)
+    watcher.close()
+    server.close()
+    ctx.destroy(linger=0)
+    return tally
+
+
+def load_engine(model: str, work: Path) -> Any:
+    from grpo_stream.config import ModelSettings
+    from grpo_stream.engines.hf import HFEngine
+    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+
+    name = TINY_MODEL
+    if model == "10x":
+        from bench.vs_trl import build_10x
+
+        name = build_10x(TINY_MODEL, work / "model-10x", seed=0, sft_steps=0)["path"]
+    settings = ModelSettings(name_or_path=name, dtype="float32")
+    return HFEngine.from_settings(settings, TransportSettings(), SecuritySettings(), "cpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["tiny", "10x"], default="tiny")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--groups", type=int, default=4, help="groups per trainer step")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--train-s", type=float, default=0.5, help="simulated step compute")
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    results: dict[str, Any] = {"args": vars(args), "environment": environment(), "modes": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = load_engine(args.model, Path(tmp))
+        sets = versions(engine, 2)
+        params = sum(p.numel() for p in engine.model.parameters())
+        print(f"model {args.model}: {params} parameters, max_tokens {args.max_tokens}", flush=True)
+        for mode in args.modes.split(","):
+            row = run_mode(mode, engine, sets, args).row()
+            results["modes"][mode] = row
+            print(f"{mode:14} " + "  ".join(f"{k} {v:.4g}" for k, v in row.items()), flush=True)
+        engine.close()
+    modes = results["modes"]
+    if "between" in modes and "inflight" in modes:
+        ratio = modes["inflight"]["steps_per_s"] / modes["between"]["steps_per_s"]
+        results["steps_per_s_ratio"] = ratio
+        print(f"steps/s inflight/between {ratio:.3f}")
+    save_json(RESULTS_DIR / f"inflight_{args.model}.json", results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

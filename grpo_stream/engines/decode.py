@@ -1,0 +1,142 @@
+"""The hf engine's decode loop: a hand-written KV-cache sampler that can swap weights in flight.
+
+Invariants:
+- Step s samples token s of every row from `softmax(logits / temperature)` (optionally within
+  the nucleus `top_p`) and reports `log_softmax(logits / temperature)` of it in fp32, before
+  nucleus truncation.
+- `Decoded.step_versions[s]` is the weights version whose forward pass gave step s's logits.
+- Between two steps `between_steps` may swap a new version into the model (in-flight update).
+  With `keep_kv` the KV cache of the tokens so far is kept (PipelineRL): the next step's logits
+  come from the new weights attending to keys/values of the old ones, so its log-prob is the
+  exact probability the token was sampled with, but not what a fresh forward of either version
+  gives. Without it the rows so far are prefilled again under the new weights: every token's
+  log-prob is then that of a fresh forward of the version that sampled it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Decoded:
+    """What one decode loop sampled: (B, N) tokens and log-probs, N <= max_tokens."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    lengths: torch.Tensor
+    """(B,) tokens of each row up to and including its first end-of-sequence token."""
+    step_versions: list[int]
+    """The weights version that gave each step's logits (len N)."""
+
+
+@dataclass
+class Decoder:
+    """The loop's fixed parts: the model, how its forward names the cache, the stop tokens."""
+
+    model: Any
+    cache_arg: str
+    eos_ids: set[int]
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        generator: torch.Generator | None,
+        version: Callable[[], int],
+        between_steps: Callable[[], None] | None = None,
+        keep_kv: bool = False,
+    ) -> Decoded:
+        """Sample up to `max_tokens` steps from left-padded `input_ids` (B, T) under `mask`.
+        `version()` is the version the model holds now; `between_steps` may change it."""
+        import torch
+
+        batch, device = input_ids.shape[0], input_ids.device
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        out, cache, next_pos = self._prefill(input_ids, mask)
+        held = version()
+        lengths = torch.full((batch,), max_tokens, dtype=torch.long, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        tokens: list[torch.Tensor] = []
+        logprobs: list[torch.Tensor] = []
+        step_versions: list[int] = []
+        for step in range(max_tokens):
+            logp = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)  # (B, V)
+            tok = draw(logp, top_p, generator)  # (B,)
+            tokens.append(tok)
+            logprobs.append(logp.gather(-1, tok[:, None])[:, 0])
+            step_versions.append(held)
+            ended = ~finished & torch.isin(tok, eos)
+            lengths[ended] = step + 1
+            finished |= ended
+            if step == max_tokens - 1 or bool(finished.all()):
+                break
+            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
+            if between_steps is not None:
+                between_steps()
+                if version() != held:
+                    held = version()
+                    if not keep_kv:  # the rows so far again, under the new weights
+                        rows = torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=-1)
+                        out, cache, next_pos = self._prefill(rows, mask)
+                        continue
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                use_cache=True,
+                **cache,
+            )
+            next_pos = next_pos + 1
+        return Decoded(
+            torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), lengths, step_versions
+        )
+
+    def _prefill(
+        self, input_ids: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[Any, dict[str, Any], torch.Tensor]:
+        """A fresh cache filled by one forward of the rows: (output, cache, next positions)."""
+        from transformers import DynamicCache
+
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T): pad-independent positions
+        cache = {self.cache_arg: DynamicCache()}  # filled in place by every forward
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **cache,
+        )
+        return out, cache, positions[:, -1:] + 1
+
+
+def version_runs(step_versions: list[int], length: int) -> list[tuple[int, int]]:
+    """(first token index, version) for each run of equal versions over the first `length`."""
+    runs: list[tuple[int, int]] = []
+    for i, v in enumerate(step_versions[:length]):
+        if not runs or runs[-1][1] != v:
+            runs.append((i, v))
+    return runs
+
+
+def draw(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from the tempered distribution, within the nucleus `top_p`."""
+    import torch
+
+    probs = logp.exp()  # (B, V)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
