@@ -27,7 +27,7 @@ from grpo_stream.protocols import messages as m
 from grpo_stream.tasks import Task
 
 Send = Callable[[bytes, m.Message], object]
-SHARES_EVERY_S = 0.25
+SHARES_EVERY_S = 1.0
 """Longest time dispatch uses the same shares while the same generators are connected
 (throughput reports arrive with heartbeats, about one per second per generator)."""
 

@@ -163,3 +163,20 @@ def test_the_trainers_version_survives_a_checkpoint() -> None:
     restored = make()
     restored.load_state(ledger.state(), scored=set())
     assert (restored.trainer_version, restored.next_version) == (7, 8)
+
+
+def test_held_by_counts_what_each_generator_is_generating_through_its_leases() -> None:
+    ledger = make(gps=8, staleness=1)
+    taken = ledger.take_for_generation("gen-a", 3, now=0.0)
+    assert taken is not None
+    a, _ = taken
+    ledger.take_for_generation("gen-b", 2, now=5.0)
+    assert ledger.held_by() == {"gen-a": 3, "gen-b": 2}
+    ledger.accept_rollout(min(a.group_ids))  # one of gen-a's came back
+    assert ledger.held_by() == {"gen-a": 2, "gen-b": 2}
+    ledger.release_holder("gen-b")  # lost: its groups are queued, held by nobody
+    assert ledger.held_by() == {"gen-a": 2}
+    ledger.expire(now=11.0)  # gen-a's lease is late
+    assert ledger.held_by() == {}
+    ledger.take_for_generation("gen-c", 4, now=12.0)  # the retries first
+    assert ledger.held_by() == {"gen-c": 4}
