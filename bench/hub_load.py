@@ -15,8 +15,10 @@ prompts twice over (in-flight groups = throughput x generation time, Little's la
 Measured over the last `--seconds` of each run: groups/s and completion tokens/s the trainer
 received; dispatch latency (a generator's WorkRequest sent -> its PromptBatch received;
 likewise for scorers; BatchRequest -> TrainBatch for the trainer) p50/p99; the hub's CPU
-(cores, from /proc) and RSS. `--profile DIR` runs the hub under cProfile (one .prof per N).
-Results: bench/results/hub_load.json and hub_load.png. Nothing runs at import time.
+(cores, from /proc), its CPU per group delivered (what bounds it once it has a whole core:
+on a shared machine the hub gets what the others leave) and RSS; the load average.
+`--profile DIR` runs the hub under cProfile (one .prof per N). Results:
+bench/results/hub_load.json and hub_load.png. Nothing runs at import time.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -171,6 +174,8 @@ def run_fleet(args: argparse.Namespace, n: int, tmp: Path) -> dict[str, Any]:
     row.update(generators=n, generator_processes=procs, scorers=args.scorers,
                offered_groups_per_s=args.offered, generator_delay_s=delay,
                hub_cpu_cores=round(hub_cpu, 3), hub_rss_mib=round(rss, 1),
+               hub_cpu_ms_per_group=round(1000 * hub_cpu / max(row["groups_per_s"], 1e-9), 3),
+               load_average=round(os.getloadavg()[0], 1),
                hub=hub_stopped(run_dir))  # fmt: skip
     return row
 
@@ -249,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     header = ("generators", "groups_per_s", "completion_tokens_per_s", "dispatch_p50_ms",
-              "dispatch_p99_ms", "batch_p99_ms", "hub_cpu_cores", "hub_rss_mib")  # fmt: skip
+              "dispatch_p99_ms", "batch_p99_ms", "hub_cpu_cores", "hub_cpu_ms_per_group",
+              "hub_rss_mib", "load_average")  # fmt: skip
     print("  ".join(header))
     for r in rows:
         print("  ".join(str(r[h]) for h in header))
