@@ -38,6 +38,7 @@ from bench.common import RESULTS_DIR
 from grpo_stream.hub.auth import write_secret
 
 CLK_TCK = 100  # os.sysconf("SC_CLK_TCK") on Linux
+JOIN_S = 120.0  # longest wait for every simulated peer's Welcome
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +110,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def _sim(role: str, hub: str, secret: Path, first: int, count: int, out: Path,
          stop_at: float, extra: list[str]) -> subprocess.Popen[bytes]:  # fmt: skip
+    extra = [*extra, "--stop-file", str(out.parent / "stop")]
     argv = [sys.executable, "-m", "bench.hub_sim", role, hub, str(secret), str(first),
             str(count), str(out), "--stop-at", str(stop_at), *extra]  # fmt: skip
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
@@ -136,8 +138,7 @@ def run_fleet(args: argparse.Namespace, n: int, tmp: Path) -> dict[str, Any]:
                 raise RuntimeError(f"the hub did not start:\n{tail}")
             time.sleep(0.1)
         address = addr.read_text().strip()
-        join_s = 5.0 + n / 100  # generous: Hellos of every simulated peer
-        stop_at = time.time() + join_s + args.warmup + args.seconds
+        stop_at = time.time() + JOIN_S + args.warmup + args.seconds  # the latest end
         delay = n * args.prompts_per_request / args.offered
         common = ["--tokens", str(args.tokens), "--group-size", str(args.group_size)]
         gen = [*common, "--delay-s", f"{delay:.6f}", "--credits", str(args.prompts_per_request)]
@@ -151,13 +152,18 @@ def run_fleet(args: argparse.Namespace, n: int, tmp: Path) -> dict[str, Any]:
                                    ("trainer", 1, common)]:  # fmt: skip
             out = run_dir / f"{role}.json"
             sims.append((role, out, _sim(role, address, secret, 0, count, out, stop_at, extra)))
-        window_start = stop_at - args.seconds
-        time.sleep(max(0.0, window_start - time.time()))
+        joined = [out.with_suffix(".joined") for _, out, _ in sims]
+        while not all(j.exists() for j in joined) and time.time() < stop_at - args.seconds:
+            time.sleep(0.2)  # every peer welcomed (or out of time: measured as it is)
+        time.sleep(args.warmup)
+        window_start = time.time()
         cpu0, _ = proc_stats(hub.pid)
         t0 = time.monotonic()
-        time.sleep(max(0.0, stop_at - time.time()))
+        time.sleep(args.seconds)
         cpu1, rss = proc_stats(hub.pid)
         hub_cpu = (cpu1 - cpu0) / (time.monotonic() - t0)
+        stop_at = time.time()
+        (run_dir / "stop").touch()
         for _, _, proc in sims:
             proc.wait(timeout=60)
     finally:

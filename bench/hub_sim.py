@@ -14,7 +14,8 @@ goes through our codec.
 
 Each peer records the latency of every dispatch it waits for: WorkRequest sent -> PromptBatch
 (or ScoreRequest) received, BatchRequest sent -> TrainBatch received. A process runs its
-peers until `stop_at` (wall clock) or a Shutdown, then writes its counters and samples as JSON.
+peers (it touches OUT_JSON.joined once all are welcomed) until the file `--stop-file` exists,
+`stop_at` (wall clock) or a Shutdown, then writes its counters and samples as JSON.
 Run: `python -m bench.hub_sim ROLE HUB SECRET FIRST COUNT OUT_JSON [options]` (by hub_load).
 """
 
@@ -161,13 +162,13 @@ class Fleet:
             else:
                 self._ask_work(peer, self.args.credits, now)
 
-    def run(self, stop_at: float) -> Record:
+    def run(self, stop_at: float, stop_file: Path) -> Record:
         poller = zmq.Poller()
         for sock in self.by_socket:
             poller.register(sock, zmq.POLLIN)
         self.start()
         by_name = {p.instance: p for p in self.peers}
-        while not self.stopped and time.time() < stop_at:
+        while not self.stopped and time.time() < stop_at and not stop_file.exists():
             now = time.monotonic()
             wait = min(0.05, max(0.0, self.due[0][0] - now)) if self.due else 0.05
             for sock, _ in poller.poll(int(wait * 1000)):
@@ -259,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("count", type=int)
     p.add_argument("out", type=Path)
     p.add_argument("--stop-at", type=float, required=True, help="wall clock (time.time())")
+    p.add_argument("--stop-file", type=Path, required=True, help="stop once this exists")
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--delay-s", type=float, default=0.5)
@@ -273,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [f"sim-{args.role}-{i}" for i in range(args.first, args.first + args.count)]
     try:
         peers = join_all(ctx, args.hub, args.role, names, load_secret(args.secret))
-        record = Fleet(args, peers).run(args.stop_at)
+        args.out.with_suffix(".joined").touch()
+        record = Fleet(args, peers).run(args.stop_at, args.stop_file)
         for peer in peers:
             peer.client.close()
     finally:
