@@ -6,8 +6,9 @@ Invariants (see `grpo_stream.hub.ledger`):
 - nothing staler than `hub.max_staleness` policy versions ships in a TrainBatch;
 - nothing is pushed to a worker that did not ask: generators and scorers pull with credits.
 
-The loop: `while running: poll the ROUTER; handle one message; dispatch; answer batch
-requests; check heartbeats and leases; checkpoint now and then`.
+The loop: `while running: poll the ROUTER; handle what arrived (a bounded burst); dispatch;
+answer batch requests; check heartbeats and leases (every EXPIRY_EVERY_S); checkpoint now
+and then`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ from grpo_stream.session.hub import HubSessions
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
 log = structlog.get_logger()
+
+DRAIN_MAX = 256
+"""Most messages handled between two ticks."""
+DRAIN_S = 0.005
+"""Longest time spent handling messages between two ticks."""
+EXPIRY_EVERY_S = 0.1
+"""How often the heartbeat and lease deadlines are checked (both are seconds or more)."""
 
 
 class Grouper:
@@ -98,6 +106,7 @@ class Grouper:
         self._failed_in_row = 0  # groups in a row whose every reward failed
         self._warn = RateLimit()
         self._last_ckpt = time.monotonic()
+        self._next_expiry = 0.0  # the next check of heartbeat and lease deadlines
         self._state_path = self.run_dir / "hub" / "state.msgpack"
         self.resumed = resume
         self.watchdog = Watchdog(cfg.run, time.monotonic())  # says why no batch goes out
@@ -127,9 +136,7 @@ class Grouper:
         deliberate = False
         try:
             while not self._stop:
-                got = self.server.recv(timeout_ms=50)
-                if got is not None:
-                    self._handle(*got)
+                self._drain()
                 self._tick()
             deliberate = True
         finally:
@@ -150,18 +157,35 @@ class Grouper:
             close_context(self.ctx)
         return self._exit_code
 
+    def _drain(self) -> None:
+        """Handle what has arrived (waiting up to 50 ms for the first message), up to
+        `DRAIN_MAX` messages or `DRAIN_S` seconds, before the next tick: the tick's work
+        (dispatch, serving, expiry) grows with the connected peers, so it is paid once per
+        burst instead of once per message; the bound keeps dispatch latency short."""
+        got = self.server.recv(timeout_ms=50)
+        deadline = time.monotonic() + DRAIN_S
+        handled = 0
+        while got is not None:
+            self._handle(*got)
+            handled += 1
+            if self._stop or handled >= DRAIN_MAX or time.monotonic() > deadline:
+                return
+            got = self.server.recv(timeout_ms=0)
+
     def public_address(self) -> str:
         return self.cfg.hub.public_address or self.server.address
 
     def _tick(self) -> None:
         now = time.monotonic()
         self.shares.maybe_refit(now)
-        for peer in self.sessions.expire(now):
-            if peer.service == "trainer":
-                self.desk.drop(peer.identity)
-        expired = self.ledger.expire(now)
-        if expired:
-            log.warning("lease.expired", groups=expired)
+        if now >= self._next_expiry:  # scans every peer and lease: a few times a second
+            self._next_expiry = now + EXPIRY_EVERY_S
+            for peer in self.sessions.expire(now):
+                if peer.service == "trainer":
+                    self.desk.drop(peer.identity)
+            expired = self.ledger.expire(now)
+            if expired:
+                log.warning("lease.expired", groups=expired)
         self._dispatch(now)
         self.desk.serve()
         last = self.desk.last
@@ -245,8 +269,8 @@ class Grouper:
                 log.warning("reward.error", group_id=msg.group_id, error=err, count=count)
         finite = [float(r) for r in msg.rewards if np.isfinite(r)]
         self.recent_rewards.extend(finite)
-        std = stream_batch_std(self.recent_rewards)
         algo = self.cfg.algo
+        std = stream_batch_std(self.recent_rewards) if algo.advantage.scale == "batch" else None
         got = assemble(rollout, msg, algo.advantage, std, algo.returns, algo.gamma)
         self._count_failure(msg, got.failed)
         if got.failed:

@@ -109,6 +109,7 @@ class HelloAuth:
         self._secret = secret
         self._max_age_s = max_age_s
         self._seen: dict[str, float] = {}  # nonce -> its Hello's signing time (s)
+        self._pruned = 0.0  # when nonces past the max age were last forgotten
 
     def check(self, hello: m.Hello, now: float | None = None) -> str | None:
         """None if `hello` is signed with the secret, fresh and new; else why not."""
@@ -123,7 +124,9 @@ class HelloAuth:
         if abs(now - signed_at) > self._max_age_s:
             off = now - signed_at
             return f"Hello signed {off:.0f} s from the hub's clock (max {self._max_age_s:g})"
-        self._seen = {n: t for n, t in self._seen.items() if now - t <= self._max_age_s}
+        if now - self._pruned >= 1.0:  # once a second, not per Hello (a fleet joins at once);
+            self._pruned = now  # a nonce kept a little longer still only refuses a replay
+            self._seen = {n: t for n, t in self._seen.items() if now - t <= self._max_age_s}
         if nonce in self._seen:
             return "Hello replayed (its nonce was seen)"
         self._seen[nonce] = signed_at

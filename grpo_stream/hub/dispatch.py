@@ -13,6 +13,7 @@ a slower one.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable
 
@@ -26,6 +27,9 @@ from grpo_stream.protocols import messages as m
 from grpo_stream.tasks import Task
 
 Send = Callable[[bytes, m.Message], object]
+SHARES_EVERY_S = 1.0
+"""Longest time dispatch uses the same shares while the same generators are connected
+(throughput reports arrive with heartbeats, about one per second per generator)."""
 
 
 def allocate(
@@ -33,22 +37,29 @@ def allocate(
 ) -> dict[str, int]:
     """How many of `available` prompts each generator (by instance) gets, in batches of at
     most `batch` (shortest expected delay; see the module doc). `held`: prompts each holds.
-    Generators that never asked for work (still loading their model) are left out."""
-    ready = [p for p in gens if p.credits > 0 or held[p.instance] > 0]
+    Generators that never asked for work (still loading their model) are left out.
+
+    A heap of (expected delay, position) picks the first to finish, ties to the earlier
+    generator in `gens`: O((generators + batches) log generators), not one scan per batch."""
     out: dict[str, int] = {}
+    heap = [
+        ((held[p.instance] + 1) / max(shares.get(p.instance, 0.0), 1e-9), i, p)
+        for i, p in enumerate(gens)
+        if p.credits > 0 or held[p.instance] > 0
+    ]
+    heapq.heapify(heap)
     left = available
-    while left > 0 and ready:
-
-        def delay(p: Peer) -> float:
-            queued = held[p.instance] + out.get(p.instance, 0)
-            return (queued + 1) / max(shares.get(p.instance, 0.0), 1e-9)
-
-        first = min(ready, key=delay)
-        give = min(first.credits - out.get(first.instance, 0), batch, left)
+    while left > 0 and heap:
+        _, i, first = heap[0]
+        given = out.get(first.instance, 0)
+        give = min(first.credits - given, batch, left)
         if give <= 0:
             break  # the fastest to finish is full: the rest waits for its next request
-        out[first.instance] = out.get(first.instance, 0) + give
+        out[first.instance] = given + give
         left -= give
+        queued = held[first.instance] + out[first.instance]
+        delay = (queued + 1) / max(shares.get(first.instance, 0.0), 1e-9)
+        heapq.heapreplace(heap, (delay, i, first))
     return out
 
 
@@ -76,13 +87,16 @@ class Dispatcher:
         self.task = task
         self.send = send
         self.dispatched: Counter[str] = Counter()  # prompts handed to each generator
+        self._shares: tuple[float, list[str], dict[str, float]] = (-1.0, [], {})
 
     def generators(self, now: float) -> None:
+        available = len(self.ledger.retry) + self.ledger.capacity()
+        if available <= 0:
+            return
         gens = self.registry.of("generator")
         if not any(p.credits > 0 for p in gens):
             return
-        available = len(self.ledger.retry) + self.ledger.capacity()
-        shares = self.shares.shares([p.instance for p in gens])
+        shares = self._current_shares([p.instance for p in gens], now)
         by_name = {p.instance: p for p in gens}
         batch = self.cfg.generator.prompts_per_request
         held = self.ledger.held_by()
@@ -93,6 +107,15 @@ class Dispatcher:
                 return
             lease, min_version = taken
             self._send_prompts(peer, sorted(lease.group_ids), lease.lease_id, min_version)
+
+    def _current_shares(self, instances: list[str], now: float) -> dict[str, float]:
+        """The generators' shares, computed again when generators came or went, else at
+        most every SHARES_EVERY_S (each takes a pass over every generator's throughput)."""
+        at, names, shares = self._shares
+        if names != instances or now - at >= SHARES_EVERY_S or now < at:
+            shares = self.shares.shares(instances)
+            self._shares = (now, instances, shares)
+        return shares
 
     def _send_prompts(self, peer: Peer, ids: list[int], lease_id: int, min_version: int) -> None:
         problems = [self.task.problem(i) for i in ids]

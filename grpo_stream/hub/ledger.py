@@ -66,6 +66,7 @@ class Ledger:
     to_score: deque[int] = field(default_factory=deque)
     counters: Counter[str] = field(default_factory=Counter)
     _next_lease: int = 1
+    _held: Counter[str] = field(default_factory=Counter)  # groups being generated, per holder
 
     # ----- versions and staleness: the one owner ----------------------------------------
     def observe_trainer(self, version: int) -> None:
@@ -149,15 +150,20 @@ class Ledger:
         self.leases[lease.lease_id] = lease
         for gid in ids:
             self.lease_of[gid] = lease.lease_id
+        if kind == "generate":
+            self._held[holder] += len(ids)
         return lease
 
     def held_by(self) -> Counter[str]:
-        """Groups being generated, per holder."""
-        held: Counter[str] = Counter()
-        for lease in self.leases.values():
-            if lease.kind == "generate":
-                held[lease.holder] += len(lease.group_ids)
-        return held
+        """Groups being generated, per holder (kept as leases change: dispatch asks at every
+        tick; read it, do not change it)."""
+        return self._held
+
+    def _unhold(self, lease: Lease, n: int) -> None:
+        if lease.kind == "generate":
+            self._held[lease.holder] -= n
+            if self._held[lease.holder] <= 0:
+                del self._held[lease.holder]
 
     # ----- results --------------------------------------------------------------------
     def accept_rollout(self, group_id: int) -> bool:
@@ -217,7 +223,9 @@ class Ledger:
             return
         lease = self.leases.get(lease_id)
         if lease is not None:
-            lease.group_ids.discard(group_id)
+            if group_id in lease.group_ids:
+                lease.group_ids.discard(group_id)
+                self._unhold(lease, 1)
             if not lease.group_ids:
                 del self.leases[lease_id]
 
@@ -234,6 +242,7 @@ class Ledger:
 
     def _requeue(self, lease: Lease) -> int:
         del self.leases[lease.lease_id]
+        self._unhold(lease, len(lease.group_ids))
         for gid in sorted(lease.group_ids):
             self.lease_of.pop(gid, None)
             if lease.kind == "generate":
@@ -291,6 +300,7 @@ class Ledger:
         self._next_lease = int(state["next_lease"])
         self.leases.clear()
         self.lease_of.clear()
+        self._held.clear()
         self.retry = deque(int(g) for g in state["retry"])
         # only groups whose rollout survived can be scored: the others are generated again
         self.to_score = deque(int(g) for g in state["to_score"] if int(g) in scored)

@@ -64,6 +64,8 @@ class Registry:
     def __init__(self, heartbeat_timeout_s: float) -> None:
         self.heartbeats: Heartbeats[str] = Heartbeats(heartbeat_timeout_s)
         self.peers: dict[str, Peer] = {}
+        self._instance_of: dict[bytes, str] = {}  # main socket identity -> instance
+        self._of: dict[str, dict[str, Peer]] = {}  # service -> its peers by instance
         self.lost_total = 0
         self._history: dict[str, int] = {}
 
@@ -71,14 +73,20 @@ class Registry:
         self.heartbeats.beat(peer.instance, now)
         peer.joined = self._history.get(peer.instance, 0) + 1
         self._history[peer.instance] = peer.joined
+        old = self.peers.get(peer.instance)
+        if old is not None:  # a restart keeps its place in `of` (dispatch breaks ties by it)
+            self._forget_identity(old)
+            if old.service != peer.service:
+                self._of[old.service].pop(old.instance)
         self.peers[peer.instance] = peer
+        self._instance_of[peer.identity] = peer.instance
+        self._of.setdefault(peer.service, {})[peer.instance] = peer
         return peer
 
     def by_identity(self, identity: bytes) -> Peer | None:
-        for peer in self.peers.values():
-            if peer.identity == identity:
-                return peer
-        return None
+        """The peer whose main socket has `identity` (every message asks: a dict, no scan)."""
+        instance = self._instance_of.get(identity)
+        return None if instance is None else self.peers.get(instance)
 
     def beat(self, instance: str, now: float, heartbeat: Heartbeat | None = None) -> bool:
         """A sign of life (any message); a Heartbeat also brings the peer's counters."""
@@ -96,16 +104,28 @@ class Registry:
 
     def remove(self, instance: str) -> Peer | None:
         self.heartbeats.forget(instance)
-        return self.peers.pop(instance, None)
+        peer = self.peers.pop(instance, None)
+        if peer is not None:
+            self._forget_identity(peer)
+            self._of[peer.service].pop(peer.instance)
+        return peer
 
     def expire(self, now: float) -> list[Peer]:
         """Remove and return peers silent past the heartbeat deadline."""
         lost = [self.peers.pop(i) for i in self.heartbeats.lost(now) if i in self.peers]
+        for peer in lost:
+            self._forget_identity(peer)
+            self._of[peer.service].pop(peer.instance)
         self.lost_total += len(lost)
         return lost
 
+    def _forget_identity(self, peer: Peer) -> None:
+        if self._instance_of.get(peer.identity) == peer.instance:  # not a newer peer's
+            del self._instance_of[peer.identity]
+
     def of(self, service: str) -> list[Peer]:
-        return [p for p in self.peers.values() if p.service == service]
+        """The peers of one service, in the order they registered (no scan of the others)."""
+        return list(self._of.get(service, {}).values())
 
     def describe(self) -> list[dict[str, Any]]:
         return [p.describe() for p in self.peers.values()]

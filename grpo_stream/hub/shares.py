@@ -72,9 +72,20 @@ class ShareBook:
             self.model.observe(instance, self.features[instance], rate)
 
     def shares(self, instances: list[str]) -> dict[str, float]:
+        """Each generator's share. One not yet measured whose device the score model cannot
+        rate (a score <= 0: e.g. a CPU, whose latency term outweighs its FLOPs) counts as
+        fast as the slowest rated one, so it gets work and its speed gets measured; at 0 it
+        would never be first to finish beside a measured generator, and so never measured."""
         feats = {i: self.features.get(i, Features(None, None)) for i in instances}
         measured = {i: v for i, v in self.measured.items() if i in feats}
-        return work_shares(expected_throughput(self.model, feats, measured))
+        speeds = expected_throughput(self.model, feats, measured)
+        rated = [v for v in speeds.values() if math.isfinite(v) and v > 0]
+        if rated:
+            floor = min(rated)
+            for i, v in speeds.items():
+                if i not in measured and not (math.isfinite(v) and v > 0):
+                    speeds[i] = floor
+        return work_shares(speeds)
 
     def maybe_refit(self, now: float) -> FitResult | None:
         if now < self._next_refit:

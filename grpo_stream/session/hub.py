@@ -71,6 +71,7 @@ class HubSessions:
         self.facts = facts
         self.refuse = refuse
         self.digest = self.cfg.digest()
+        self._config = self.cfg.model_dump(mode="json")  # every Welcome carries it: dump once
         self.auth = hello_auth(cfg.security.secret_file)  # None: Hellos are not signed
         self.roles = key_roles(cfg.security)  # None: no CURVE, no key to check roles against
         self.peers_info: dict[str, Any] = {}  # endpoints the rank-0 trainer announced
@@ -100,7 +101,7 @@ class HubSessions:
     def welcome(self) -> m.Welcome:
         return m.Welcome(
             run_id=self.facts.run_id,
-            config=self.cfg.model_dump(mode="json"),
+            config=self._config,
             config_digest=self.digest,
             peers=dict(self.peers_info),
             policy_version=self.facts.policy_version,

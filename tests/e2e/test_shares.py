@@ -13,7 +13,9 @@ import pytest
 
 from grpo_stream.launch.supervisor import ServiceSpec, Supervisor
 
-pytestmark = pytest.mark.slow
+# its own waits (the hub's start, the trainer's 400 s) bound it, not the suite's 300 s default:
+# on a loaded 2-core machine the 120 steps took 320 s once
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SETTINGS = [
     "run.max_steps=120",

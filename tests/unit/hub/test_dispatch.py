@@ -67,3 +67,12 @@ def test_over_a_run_each_part_follows_the_speed() -> None:
             held[name] -= done
             gens[name].credits += done
     assert abs(sent["fast"] / sent["slow"] - 3.0) < 0.3, sent
+
+
+def test_with_a_thousand_generators_each_idle_one_gets_a_batch_fastest_first() -> None:
+    """At fleet size the first to finish is still chosen: the 500 fastest idle generators
+    get the 500 prompts, one each (a later, equally fast one loses the tie)."""
+    gens = [peer(f"g{i}", 1) for i in range(1000)]
+    shares = {f"g{i}": (2.0 if i % 2 else 1.0) for i in range(1000)}
+    got = allocate(gens, shares, Counter(), 500, batch=1)
+    assert got == {f"g{i}": 1 for i in range(1, 1000, 2)}

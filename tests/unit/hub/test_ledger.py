@@ -171,3 +171,20 @@ def test_a_rollout_whose_tokens_span_versions_is_as_stale_as_its_oldest_token() 
     oldest = ledger.oldest_version(3, [3, 5])  # sampled by 3, then swapped to 5 in flight
     assert oldest == 3 and ledger.is_stale(oldest)
     assert ledger.oldest_version(4, []) == 4  # one version sampled every token
+
+
+def test_held_by_counts_what_each_generator_is_generating_through_its_leases() -> None:
+    ledger = make(gps=8, staleness=1)
+    taken = ledger.take_for_generation("gen-a", 3, now=0.0)
+    assert taken is not None
+    a, _ = taken
+    ledger.take_for_generation("gen-b", 2, now=5.0)
+    assert ledger.held_by() == {"gen-a": 3, "gen-b": 2}
+    ledger.accept_rollout(min(a.group_ids))  # one of gen-a's came back
+    assert ledger.held_by() == {"gen-a": 2, "gen-b": 2}
+    ledger.release_holder("gen-b")  # lost: its groups are queued, held by nobody
+    assert ledger.held_by() == {"gen-a": 2}
+    ledger.expire(now=11.0)  # gen-a's lease is late
+    assert ledger.held_by() == {}
+    ledger.take_for_generation("gen-c", 4, now=12.0)  # the retries first
+    assert ledger.held_by() == {"gen-c": 4}

@@ -56,3 +56,27 @@ def test_a_heartbeat_without_stats_keeps_the_last_reported_ones() -> None:
 
 def test_a_heartbeat_from_an_unknown_instance_is_not_taken() -> None:
     assert not _registered().beat("ghost", 1.0, Heartbeat(instance="ghost"))
+
+
+def test_a_peer_is_found_by_its_identity_until_it_is_removed_or_lost() -> None:
+    registry = _registered()
+    registry.register(Peer("scorer", "scorer-0", b"sid", "h", 1, 0, {}), now=5.0)
+    assert registry.by_identity(b"id") is registry.peers["generator-0"]
+    registry.remove("scorer-0")
+    assert registry.by_identity(b"sid") is None
+    assert [p.instance for p in registry.expire(now=11.0)] == ["generator-0"]
+    assert registry.by_identity(b"id") is None
+
+
+def test_a_restarted_instance_is_found_by_its_new_identity_only() -> None:
+    registry = _registered()
+    registry.register(Peer("generator", "generator-0", b"new", "h", 2, 0, {}), now=1.0)
+    assert registry.by_identity(b"new") is registry.peers["generator-0"]
+    assert registry.by_identity(b"id") is None
+
+
+def test_an_identity_taken_over_by_another_instance_stays_with_it() -> None:
+    registry = _registered()  # generator-0 on b"id"
+    registry.register(Peer("generator", "generator-1", b"id", "h", 2, 0, {}), now=1.0)
+    registry.remove("generator-0")  # the older peer leaving does not forget the newer one
+    assert registry.by_identity(b"id") is registry.peers["generator-1"]

@@ -38,3 +38,20 @@ def test_bad_or_unknown_round_trips_are_ignored() -> None:
         shares.report_latency("near", bad)
     shares.report_latency("nobody", 0.1)
     assert shares.features["near"].latency_s == 0.0 and "nobody" not in shares.features
+
+
+def test_an_unmeasured_generator_rated_zero_gets_a_share_beside_a_measured_one() -> None:
+    """A CPU device scores <= 0 under the default weights; beside a measured generator a zero
+    share would never be first to finish, so it would never be measured (test_shares'
+    starved slow generator). It counts as fast as the slowest rated one until measured."""
+    cpu = {"source": "cpu", "devices": [{"kind": "cpu", "name": "cpu", "index": 0, "host": "h",
+           "cpu_cores": 2, "fp32_tflops": 0.05, "memory_bandwidth_gbps": 5.0}]}  # fmt: skip
+    shares = ShareBook(HardwareSettings())
+    shares.join("measured", cpu)
+    shares.join("new", cpu)
+    shares.report_latency("new", 0.01)
+    assert shares.model.score(shares.features["new"]) <= 0  # the model cannot rate it
+    shares.report("measured", 150.0)
+    assert shares.shares(["measured", "new"]) == {"measured": 0.5, "new": 0.5}
+    shares.report("new", 50.0)  # once measured, its own speed
+    assert shares.shares(["measured", "new"]) == {"measured": 0.75, "new": 0.25}

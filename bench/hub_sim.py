@@ -1,0 +1,289 @@
+"""Simulated services for `bench.hub_load`: many peers per process, no model.
+
+Each simulated peer is one DEALER socket (our `Client`) under its own identity that joins the
+real hub as `up`'s services do: a Hello signed with the run's secret (`grpo_stream.hub.auth`),
+the hub's Welcome, credits (WorkRequest) and heartbeats from its main socket. Every message
+goes through our codec.
+
+- generator: answers each PromptBatch, after `delay_s`, with one synthetic Rollout per prompt
+  (G completions of `tokens` tokens each, with texts and log-probs), then asks for as many
+  credits again. It beats every `heartbeat_s` with its tokens/s (the hub's work shares).
+- scorer: answers each ScoreRequest at once with Bernoulli(0.5) rewards (so groups carry a
+  signal and reach the trainer), then asks for one more.
+- trainer: asks for step s at version s, and for s + 1 as soon as its TrainBatch arrived.
+
+Each peer records the latency of every dispatch it waits for: WorkRequest sent -> PromptBatch
+(or ScoreRequest) received, BatchRequest sent -> TrainBatch received. A process runs its
+peers (it touches OUT_JSON.joined once all are welcomed) until the file `--stop-file` exists,
+`stop_at` (wall clock) or a Shutdown, then writes its counters and samples as JSON.
+Run: `python -m bench.hub_sim ROLE HUB SECRET FIRST COUNT OUT_JSON [options]` (by hub_load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from grpo_stream.hub.auth import load_secret, sign
+from grpo_stream.protocols import messages as m
+from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.sockets import Client, close_context, make_context
+
+PROMPT_TOKENS = 32
+
+
+@dataclass
+class Peer:
+    """One simulated service instance: its socket and what it is waiting for."""
+
+    instance: str
+    client: Client
+    asked_at: float | None = None  # when it last asked for work it has not got yet
+    next_beat: float = 0.0
+    busy_s: float = 0.0
+    tokens: int = 0
+    step: int = 0
+
+
+@dataclass
+class Record:
+    """What one process saw, written as JSON at its end."""
+
+    role: str
+    peers: int
+    latencies_s: list[float] = field(default_factory=list)
+    stamps: list[float] = field(default_factory=list)  # wall time of each latency sample
+    groups: list[tuple[float, int, int]] = field(default_factory=list)  # (time, groups, tokens)
+    sent: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class Synthetic:
+    """A generator's fixed payload: G completions of `tokens` tokens, shared by every Rollout
+    (the codec sends the arrays as frames without copying them)."""
+
+    def __init__(self, group_size: int, tokens: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.group_size = group_size
+        self.prompt_ids = rng.integers(3, 1000, PROMPT_TOKENS, dtype=np.int32)
+        self.ids = rng.integers(3, 1000, group_size * tokens, dtype=np.int32)
+        self.offsets = np.arange(0, group_size * tokens + 1, tokens, dtype=np.int64)
+        self.logprobs = -rng.random(group_size * tokens, dtype=np.float32)
+        word = "abcd "  # ~ one token's text
+        self.texts = [word * tokens for _ in range(group_size)]
+
+    def rollout(self, batch: m.PromptBatch, i: int, instance: str, gen_s: float) -> m.Rollout:
+        return m.Rollout(
+            lease_id=batch.lease_id,
+            group_id=int(batch.group_ids[i]),
+            instance=instance,
+            policy_version=batch.min_version,
+            prompt=batch.prompts[i],
+            reference=dict(batch.references[i]),
+            prompt_ids=self.prompt_ids,
+            completion_ids=self.ids,
+            completion_offsets=self.offsets,
+            logprobs=self.logprobs,
+            texts=self.texts,
+            truncated=[False] * self.group_size,
+            gen_seconds=gen_s,
+            sampling=batch.sampling,
+        )
+
+
+def join_all(
+    ctx: zmq.Context[Any], hub: str, service: str, names: list[str], secret: bytes,
+    timeout_s: float = 120.0,
+) -> list[Peer]:  # fmt: skip
+    """Say a signed Hello on one socket per name; wait until every one got its Welcome."""
+    transport, security = TransportSettings(), SecuritySettings()
+    peers = [Peer(n, Client(ctx, hub, transport, security, n)) for n in names]
+    for rank, peer in enumerate(peers):
+        hello = m.Hello(
+            service=service, instance=peer.instance, host=socket.gethostname(),
+            pid=os.getpid(), capacity=1, rank=rank if service == "trainer" else 0,
+        )  # fmt: skip
+        peer.client.send(sign(hello, secret))
+    waiting = {p.client.socket: p for p in peers}
+    poller = zmq.Poller()
+    for sock in waiting:
+        poller.register(sock, zmq.POLLIN)
+    deadline = time.monotonic() + timeout_s
+    while waiting:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(waiting)} {service}s got no Welcome in {timeout_s:g} s")
+        for sock, _ in poller.poll(1000):
+            peer = waiting[sock]
+            reply = peer.client.recv(0)
+            if isinstance(reply, m.Error):
+                raise RuntimeError(f"{peer.instance}: hub refused Hello: {reply.message}")
+            if isinstance(reply, m.Welcome):
+                poller.unregister(sock)
+                del waiting[sock]
+    return peers
+
+
+def _drain(peer: Peer) -> Iterator[m.Message]:
+    while (msg := peer.client.recv(0)) is not None:
+        yield msg
+
+
+class Fleet:
+    """The event loop of one process's peers."""
+
+    def __init__(self, args: argparse.Namespace, peers: list[Peer]) -> None:
+        self.args = args
+        self.peers = peers
+        self.by_socket = {p.client.socket: p for p in peers}
+        self.record = Record(args.role, len(peers))
+        self.due: list[tuple[float, int, str, m.PromptBatch]] = []  # heap of replies
+        self.synthetic = Synthetic(args.group_size, args.tokens, seed=args.first)
+        self.rng = np.random.default_rng(args.first)
+        self.stopped = False
+        self._seq = 0
+
+    def start(self) -> None:
+        now = time.monotonic()
+        for i, peer in enumerate(self.peers):
+            peer.next_beat = now + self.args.heartbeat_s * i / max(1, len(self.peers))
+            if self.args.role == "trainer":
+                self._ask_batch(peer, now)
+            else:
+                self._ask_work(peer, self.args.credits, now)
+
+    def run(self, stop_at: float, stop_file: Path) -> Record:
+        poller = zmq.Poller()
+        for sock in self.by_socket:
+            poller.register(sock, zmq.POLLIN)
+        self.start()
+        by_name = {p.instance: p for p in self.peers}
+        while not self.stopped and time.time() < stop_at and not stop_file.exists():
+            now = time.monotonic()
+            wait = min(0.05, max(0.0, self.due[0][0] - now)) if self.due else 0.05
+            for sock, _ in poller.poll(int(wait * 1000)):
+                peer = self.by_socket[sock]
+                for msg in _drain(peer):
+                    self._on_message(peer, msg)
+            now = time.monotonic()
+            while self.due and self.due[0][0] <= now:
+                _, _, name, batch = heapq.heappop(self.due)
+                self._answer(by_name[name], batch, now)
+            self._beat(now)
+        return self.record
+
+    # ----- messages -------------------------------------------------------------------
+    def _on_message(self, peer: Peer, msg: m.Message) -> None:
+        now = time.monotonic()
+        if isinstance(msg, m.Shutdown):
+            self.stopped = True
+        elif isinstance(msg, m.Error):
+            self.record.errors[msg.code] = self.record.errors.get(msg.code, 0) + 1
+        elif isinstance(msg, m.PromptBatch):
+            self._latency(peer, now)
+            self._seq += 1
+            heapq.heappush(self.due, (now + self.args.delay_s, self._seq, peer.instance, msg))
+        elif isinstance(msg, m.ScoreRequest):
+            self._latency(peer, now)
+            self._score(peer, msg, now)
+        elif isinstance(msg, m.TrainBatch):
+            self._latency(peer, now)
+            tokens = int(len(msg.input_ids) - np.sum(msg.prompt_lens))
+            self.record.groups.append((time.time(), len(msg.group_ids), tokens))
+            peer.step = msg.step + 1
+            self._ask_batch(peer, now)
+
+    def _latency(self, peer: Peer, now: float) -> None:
+        if peer.asked_at is not None:
+            self.record.latencies_s.append(now - peer.asked_at)
+            self.record.stamps.append(time.time())
+            peer.asked_at = None
+
+    def _answer(self, peer: Peer, batch: m.PromptBatch, now: float) -> None:
+        for i in range(len(batch.group_ids)):
+            peer.client.send(self.synthetic.rollout(batch, i, peer.instance, self.args.delay_s))
+            self.record.sent += 1
+        peer.busy_s += self.args.delay_s
+        peer.tokens += len(batch.group_ids) * len(self.synthetic.ids)
+        self._ask_work(peer, len(batch.group_ids), now)
+
+    def _score(self, peer: Peer, req: m.ScoreRequest, now: float) -> None:
+        g = len(req.completions)
+        rewards = (self.rng.random(g) < 0.5).astype(np.float32)
+        peer.client.send(
+            m.Scored(
+                lease_id=req.lease_id, group_id=req.group_id, rewards=rewards,
+                component_names=["sim"], components=rewards.reshape(1, g), errors=[],
+            )
+        )  # fmt: skip
+        self.record.sent += 1
+        self._ask_work(peer, 1, now)
+
+    def _ask_work(self, peer: Peer, credits: int, now: float) -> None:
+        peer.client.send(m.WorkRequest(instance=peer.instance, credits=credits))
+        peer.asked_at = now
+
+    def _ask_batch(self, peer: Peer, now: float) -> None:
+        peer.client.send(m.BatchRequest(step=peer.step, trainer_version=peer.step))
+        peer.asked_at = now
+
+    def _beat(self, now: float) -> None:
+        for peer in self.peers:
+            if now < peer.next_beat:
+                continue
+            peer.next_beat = now + self.args.heartbeat_s
+            stats = None
+            if self.args.role == "generator" and peer.busy_s > 0:
+                stats = m.GeneratorStats(
+                    tokens_per_s=peer.tokens / peer.busy_s, wait_s=0.0, version=0,
+                    batches=0, prompts_total=0, busy_s=peer.busy_s,
+                )  # fmt: skip
+            peer.client.send(m.Heartbeat(instance=peer.instance, hub_rtt_s=0.001, generator=stats))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="simulated hub peers (used by bench.hub_load)")
+    p.add_argument("role", choices=["generator", "scorer", "trainer"])
+    p.add_argument("hub")
+    p.add_argument("secret", type=Path)
+    p.add_argument("first", type=int, help="index of this process's first peer")
+    p.add_argument("count", type=int)
+    p.add_argument("out", type=Path)
+    p.add_argument("--stop-at", type=float, required=True, help="wall clock (time.time())")
+    p.add_argument("--stop-file", type=Path, required=True, help="stop once this exists")
+    p.add_argument("--tokens", type=int, default=1024)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--delay-s", type=float, default=0.5)
+    p.add_argument("--credits", type=int, default=1)
+    p.add_argument("--heartbeat-s", type=float, default=1.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ctx = make_context()
+    names = [f"sim-{args.role}-{i}" for i in range(args.first, args.first + args.count)]
+    try:
+        peers = join_all(ctx, args.hub, args.role, names, load_secret(args.secret))
+        args.out.with_suffix(".joined").touch()
+        record = Fleet(args, peers).run(args.stop_at, args.stop_file)
+        for peer in peers:
+            peer.client.close()
+    finally:
+        close_context(ctx)
+    args.out.write_text(json.dumps(record.__dict__))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
