@@ -53,6 +53,7 @@ def test_steps_train_on_episode_rewards_and_the_ledger_balances(finished_run: Pa
     done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed"))
     assert counters["dispatched"] == done + counters["in_progress"]
     assert counters["failed"] == 0
+    assert not list((finished_run / "logs").glob("scorer-*"))  # episodes start no scorer
 
 
 def test_parameters_changed(finished_run: Path) -> None:
