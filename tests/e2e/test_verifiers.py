@@ -19,7 +19,7 @@ from .conftest import SMALL, up_command
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
+STEPS = 2
 ENVS = Path(__file__).parents[1] / "unit" / "envs"
 SETTINGS = [
     "--set", 'task.name="verifiers:vf_guess:load_environment"',
@@ -29,7 +29,7 @@ SETTINGS = [
     "--set", "env.max_turns=4",
     "--set", "env.max_episode_tokens=64",
     "--set", "env.timeout_s=30",
-    "--set", "trainer.checkpoint_every=4",
+    "--set", "trainer.checkpoint_every=2",
 ]  # fmt: skip
 
 
