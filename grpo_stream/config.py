@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from grpo_stream.algo.settings import AlgoSettings
 from grpo_stream.envs.settings import EnvSettings, check_env_config
+from grpo_stream.envs.verifiers_task import check_verifiers_config
 from grpo_stream.evaluator.settings import EvalSettings, check_eval_config
 from grpo_stream.hardware.settings import HardwareSettings
 from grpo_stream.models.adapter import LORA_LR, LoraSettings
@@ -322,6 +323,7 @@ class RunConfig(BaseModel):
             )
         check_eval_config(self.eval.every, self.eval.task, self.task.holdout)
         check_env_config(self.env, self.generator.engine, self.trainer.micro_batch_tokens)
+        check_verifiers_config(self.task.name, self.env.name)
         return self
 
     def digest(self) -> str:

@@ -1,9 +1,10 @@
 """The worker side of the environment sandbox: a process holding the environments of the
 episodes assigned to it, answering reset/step calls over a pipe of msgpack messages.
 
-Runs in a process forked from multiprocessing's fork server (see `sandbox.py`), like the
-reward workers: it ignores SIGINT, dies with its parent, and caps its address space after
-loading. Every call is answered by exactly one reply, in order:
+Runs in a process forked from multiprocessing's fork server (see `sandbox.py`) on the
+reward workers' core (`rewards.sandbox_worker.serve`): it ignores SIGINT, dies with its
+parent, and caps its address space after loading. Every call is answered by exactly one
+reply, in order:
 `["ok", key, observation, reward, done]` or `["error", key, cause]`.
 """
 
@@ -11,21 +12,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import signal
-import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from grpo_stream.envs.base import Environment, Step
 from grpo_stream.envs.settings import EnvSettings
-from grpo_stream.rewards.sandbox_worker import (
-    _die_with_parent,
-    _limit_address_space,
-    _short,
-    pack,
-    unpack,
-)
+from grpo_stream.rewards.sandbox_worker import _short, pack, serve
 
 Reply = list[Any]
 
@@ -85,31 +78,23 @@ class Held:
 
 
 def worker_main(conn: Connection, settings: dict[str, Any], sys_path: list[str]) -> None:
-    """Entry point: load the environment class, announce, serve calls until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when workers stop
-    _die_with_parent()
-    sys.path[:] = sys_path
-    from grpo_stream.envs.registry import env_factory
+    """Entry point: load the environment class, then answer calls (the reward sandbox's
+    worker core, `grpo_stream.rewards.sandbox_worker.serve`)."""
 
-    try:
-        cfg = EnvSettings.model_validate(settings)
-        held = Held(env_factory(cfg))
-    except Exception as exc:
-        conn.send_bytes(pack(["load_error", _short(f"{type(exc).__name__}: {exc}")]))
-        return
-    _limit_address_space(cfg.memory_limit_mb)
-    conn.send_bytes(pack(["ready"]))
-    while True:
-        try:
-            message = unpack(conn.recv_bytes())
-        except EOFError:
-            return
-        if message[0] == "stop":
-            return
-        if message[0] == "drop":
-            for key in message[1]:
-                held.envs.pop(int(key), None)
-            continue
-        for call in message[1]:  # ["reset", key, prompt, reference] | ["step", key, action]
-            reply = held.reset(*call[1:]) if call[0] == "reset" else held.step(*call[1:])
-            conn.send_bytes(pack(reply))
+    def load() -> Callable[[list[Any]], None]:
+        from grpo_stream.envs.registry import env_factory
+
+        held = Held(env_factory(EnvSettings.model_validate(settings)))
+
+        def handle(message: list[Any]) -> None:
+            if message[0] == "drop":
+                for key in message[1]:
+                    held.envs.pop(int(key), None)
+                return
+            for call in message[1]:  # ["reset", key, prompt, reference] | ["step", key, action]
+                reply = held.reset(*call[1:]) if call[0] == "reset" else held.step(*call[1:])
+                conn.send_bytes(pack(reply))
+
+        return handle
+
+    serve(conn, sys_path, int(settings["memory_limit_mb"]), load)

@@ -93,6 +93,8 @@ def diagnose(hub: Grouper, mark: Mark) -> str:
         ("generator", "start one, or see its log: it may still be loading the model"),
         ("scorer", "start one: grpo-stream run scorer --hub ADDR"),
     ):
+        if service == "scorer" and hub.cfg.env.enabled:
+            continue  # episodes are scored by the hub on arrival: no scorer runs
         if not hub.registry.of(service):
             return f"no {service} connected ({how})"
     counters = hub.ledger.counters

@@ -109,7 +109,8 @@ def placed_services(
         out.append((_via(hosts, slot.host, spec), slot))
     number = 0
     for host in hosts.values():
-        for _ in range(cfg.scorer.count if cluster is None else host.count("scorer")):
+        count = cfg.scorer.count if cluster is None else host.count("scorer")
+        for _ in range(0 if cfg.env.enabled else count):  # episodes: the hub scores them
             name = f"scorer-{number}"
             argv = service_argv("scorer", name, hub, keys)
             spec = ServiceSpec(name, "scorer", argv, env=placement.env(None), restarts_left=n)

@@ -90,6 +90,12 @@ def security_args(cfg: RunConfig) -> list[str]:
     return keys + ([] if secret is None else ["--secret-file", str(secret)])
 
 
+def scorer_count(cfg: RunConfig) -> int:
+    """Scorers to start: none for episode runs (the environment rewards each episode in the
+    generator and the hub scores its Rollout itself; no ScoreRequest is ever sent)."""
+    return 0 if cfg.env.enabled else cfg.scorer.count
+
+
 def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
     """Trainer, generators and scorers on this machine, as the config counts them."""
     keys = security_args(cfg)
@@ -118,7 +124,7 @@ def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
             service_argv("scorer", f"scorer-{i}", hub, keys),
             restarts_left=n,
         )
-        for i in range(cfg.scorer.count)
+        for i in range(scorer_count(cfg))
     ]
     if cfg.eval.every > 0:  # evaluation during training: one evaluator beside the generators
         argv = service_argv("evaluator", "evaluator-0", hub, keys)

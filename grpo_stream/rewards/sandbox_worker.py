@@ -125,15 +125,22 @@ def _call_batch(
     return out
 
 
-def worker_main(
-    conn: Connection, specs: list[dict[str, Any]], sys_path: list[str], memory_limit_mb: int
+def serve(
+    conn: Connection,
+    sys_path: list[str],
+    memory_limit_mb: int,
+    load: Callable[[], Callable[[list[Any]], None]],
 ) -> None:
-    """Entry point of a worker: load, announce, then serve chunks until told to stop."""
+    """The worker core shared by the reward and environment sandboxes: ignore SIGINT, die
+    with the parent, take the parent's sys.path, `load()` the user code (a failure is one
+    `["load_error", cause]` and the worker exits), cap the address space, announce
+    `["ready"]`, then hand every message but `["stop"]` to the handler `load()` returned
+    (it sends its own replies on `conn`) until the pipe closes or the parent says stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     _die_with_parent()
     sys.path[:] = sys_path
     try:
-        fns = _load_rewards(specs)
+        handle = load()
     except Exception as exc:
         conn.send_bytes(pack(["load_error", _short(f"{type(exc).__name__}: {exc}")]))
         return
@@ -146,17 +153,30 @@ def worker_main(
             return
         if message[0] == "stop":
             return
-        _, component, prompt, completions, reference = message
-        fn = fns[component]
-        if isinstance(fn, BatchReward):
-            for position, (value, kind, cause) in enumerate(
-                _call_batch(fn, completions, prompt, reference)
-            ):
+        handle(message)
+
+
+def worker_main(
+    conn: Connection, specs: list[dict[str, Any]], sys_path: list[str], memory_limit_mb: int
+) -> None:
+    """Entry point of a reward worker: load the rewards, then score chunks (`serve`)."""
+
+    def load() -> Callable[[list[Any]], None]:
+        fns = _load_rewards(specs)
+
+        def handle(message: list[Any]) -> None:
+            _, component, prompt, completions, reference = message
+            fn = fns[component]
+            if isinstance(fn, BatchReward):
+                results = iter(_call_batch(fn, completions, prompt, reference))
+            else:  # one reply as each call ends: the parent's deadline is per completion
+                results = (_call_one(fn, c, prompt, reference) for c in completions)
+            for position, (value, kind, cause) in enumerate(results):
                 conn.send_bytes(pack(["result", position, value, kind, cause]))
-            continue
-        for position, completion in enumerate(completions):
-            value, kind, cause = _call_one(fn, completion, prompt, reference)
-            conn.send_bytes(pack(["result", position, value, kind, cause]))
+
+        return handle
+
+    serve(conn, sys_path, memory_limit_mb, load)
 
 
 def pack(obj: Any) -> bytes:

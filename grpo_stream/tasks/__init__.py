@@ -1,9 +1,10 @@
 """Tasks: deterministic, indexable streams of verifiable problems.
 
 `make_task(settings)` builds the task a run config names (arith, countdown, dataset, math,
-reasoning_gym:<dataset>), the training part when `task.holdout` keeps prompts out for
-evaluation; `make_eval_task` builds the evaluation part. `task.problem(i)` depends only on the
-settings and `i`, so the hub's dataset cursor is a single integer.
+reasoning_gym:<dataset>, verifiers:package.module:factory), the training part when
+`task.holdout` keeps prompts out for evaluation; `make_eval_task` builds the evaluation
+part. `task.problem(i)` depends only on the settings and `i`, so the hub's dataset cursor
+is a single integer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from grpo_stream.tasks.base import Problem, Task
 from grpo_stream.tasks.countdown import CountdownTask
 from grpo_stream.tasks.dataset import DatasetTask, TaskDataError
 from grpo_stream.tasks.holdout import HeldOut, held_out
-from grpo_stream.tasks.settings import GSM8K_ANSWER_REGEX, GYM_PREFIX, RewardSpec, TaskSettings
+from grpo_stream.tasks.settings import (
+    GSM8K_ANSWER_REGEX,
+    GYM_PREFIX,
+    VERIFIERS_PREFIX,
+    RewardSpec,
+    TaskSettings,
+)
 
 __all__ = [
     "ArithTask",
@@ -48,6 +55,11 @@ def _base_task(settings: TaskSettings, tokenizer: Any) -> Task:
         from grpo_stream.tasks.guess import GuessTask
 
         return GuessTask(seed=settings.seed, high=settings.guess_max)
+    if settings.name.startswith(VERIFIERS_PREFIX):
+        from grpo_stream.envs.verifiers_task import VerifiersTask
+
+        spec = settings.name[len(VERIFIERS_PREFIX) :]
+        return VerifiersTask(spec, tokenizer, chat_template=settings.chat_template)
     if settings.name.startswith(GYM_PREFIX):
         from grpo_stream.tasks.gym import ReasoningGymTask
 

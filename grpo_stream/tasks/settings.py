@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 TASK_NAMES = ("arith", "countdown", "math", "dataset", "guess")
 GYM_PREFIX = "reasoning_gym:"
+VERIFIERS_PREFIX = "verifiers:"
 GSM8K_ANSWER_REGEX = r"(?s)^(?:.*####)?\s*(.*?)\s*$"
 """What follows the last `####` (GSM8K), or the whole text when there is none."""
 
@@ -51,7 +52,9 @@ class TaskSettings(BaseModel):
     """arith (default, integer arithmetic), countdown (TinyZero), guess (episodes, with
     env.name = "guess"), dataset (a Hugging Face
     dataset or local Parquet/JSONL/CSV/Arrow file), math (alias of dataset for a local file
-    with GSM8K answers), or reasoning_gym:<dataset> (procedural tasks of reasoning-gym)."""
+    with GSM8K answers), reasoning_gym:<dataset> (procedural tasks of reasoning-gym), or
+    verifiers:package.module:factory (a verifiers environment's taskset, played with
+    env.name = "grpo_stream.envs.verifiers_adapter:VerifiersEnv")."""
     seed: int = 0
     """Seed of the prompt stream: the same seed gives the same prompts in the same order."""
     max_operand: int = Field(20, ge=1)
@@ -106,7 +109,12 @@ class TaskSettings(BaseModel):
             return name
         if name.startswith(GYM_PREFIX) and len(name) > len(GYM_PREFIX):
             return name
-        raise ValueError(f"must be one of {', '.join(TASK_NAMES)} or reasoning_gym:<dataset>")
+        if name.startswith(VERIFIERS_PREFIX) and ":" in name[len(VERIFIERS_PREFIX) :]:
+            return name
+        raise ValueError(
+            f"must be one of {', '.join(TASK_NAMES)}, reasoning_gym:<dataset> or "
+            "verifiers:package.module:factory"
+        )
 
     @field_validator("ops")
     @classmethod

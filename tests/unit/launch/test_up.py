@@ -1,0 +1,22 @@
+"""What `up` starts on this machine: no scorer for episode runs (their rewards come from the
+environment in the generator; the hub scores episode Rollouts itself)."""
+
+from __future__ import annotations
+
+from grpo_stream.config import config_from_dict
+from grpo_stream.launch.up import local_specs
+
+
+def services(overrides: dict[str, object]) -> list[str]:
+    return [s.service for s in local_specs(config_from_dict(overrides), "tcp://h:1", False)]
+
+
+def test_single_turn_runs_start_their_scorers() -> None:
+    assert services({"scorer": {"count": 2}}).count("scorer") == 2
+
+
+def test_episode_runs_start_no_scorer() -> None:
+    started = services(
+        {"task": {"name": "guess"}, "env": {"name": "guess"}, "scorer": {"count": 2}}
+    )
+    assert "scorer" not in started and {"trainer", "generator"} <= set(started)
