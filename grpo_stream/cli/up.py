@@ -44,7 +44,7 @@ def up(
         False, "--dry-run", help="Print each service's host, devices and command; start nothing."
     ),
     task: str = typer.Option(
-        None, "--task", help="A built-in task with its shipped model: arith (default), guess."
+        None, "--task", help="A built-in task with its shipped model: arith (default), guess, calc."
     ),
 ) -> None:
     """Run the whole pipeline (default: the tiny model on arith, on this machine)."""

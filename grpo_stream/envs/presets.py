@@ -21,6 +21,17 @@ PRESETS: dict[str, list[str]] = {
         "hub.groups_per_step=8",
         "run.max_steps=90",
     ],
+    "calc": [
+        'task.name="calc"',
+        'env.name="calc"',
+        'model.name_or_path="grpo-stream/tiny-calc"',
+        "generator.max_tokens=20",
+        "env.max_turns=3",
+        "env.max_episode_tokens=64",
+        "trainer.lr=5e-4",
+        "hub.groups_per_step=8",
+        "run.max_steps=60",
+    ],
 }
 
 

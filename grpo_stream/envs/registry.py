@@ -19,6 +19,10 @@ def env_factory(settings: EnvSettings) -> Callable[[], Environment]:
         from grpo_stream.envs.guess import GuessEnv
 
         return lambda: GuessEnv(turns=settings.guess_turns, shaping=settings.guess_shaping)
+    if settings.name == "calc":
+        from grpo_stream.envs.calc import CalcEnv
+
+        return lambda: CalcEnv(turns=settings.max_turns)
     if settings.name == "none":
         raise EnvLoadError("env.name = 'none': this run has no environment")
     module_name, _, attr = settings.name.partition(":")

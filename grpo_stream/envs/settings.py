@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ENV_NAMES = ("none", "guess")
+ENV_NAMES = ("none", "guess", "calc")
 
 
 class EnvSettings(BaseModel):
@@ -13,7 +13,7 @@ class EnvSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str = "none"
-    """none (single-turn: the scorer's rewards), guess, or a user class
+    """none (single-turn: the scorer's rewards), guess, calc, or a user class
     `package.module:Class` implementing `grpo_stream.envs.base.Environment`."""
     max_turns: int = Field(8, ge=1, le=256)
     """Policy turns per episode; an episode still running after them is truncated."""

@@ -19,14 +19,15 @@ as saved and reloaded.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from grpo_stream.models import sft
+from grpo_stream.models.sft import WarmStart, build_main, pad_rows, save, write_info
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 MAX_OPERAND = 20
@@ -87,8 +88,8 @@ def build_tokenizer() -> Any:
     )
 
 
-def build_model(tokenizer: Any, seed: int) -> Any:
-    """A freshly initialised Qwen2ForCausalLM sized for the tokenizer."""
+def build_model(tokenizer: Any, seed: int, positions: int = MAX_POSITIONS) -> Any:
+    """A freshly initialised Qwen2ForCausalLM sized for the tokenizer (and `positions`)."""
     from transformers import Qwen2ForCausalLM
 
     from grpo_stream.models.testing import qwen2_config
@@ -100,7 +101,7 @@ def build_model(tokenizer: Any, seed: int) -> Any:
         layers=4,
         heads=2,  # head_dim 64: vLLM's attention kernels need >= 64
         kv_heads=2,
-        positions=MAX_POSITIONS,
+        positions=positions,
         tie=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -118,20 +119,13 @@ def sft_batch(
     tokenizer: Any, pairs: list[tuple[int, int]]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input_ids, attention_mask and labels (-100 outside the completion), right-padded."""
-    rows: list[tuple[list[int], int]] = []
+    rows: list[tuple[list[int], list[int]]] = []
     for a, b in pairs:
         prompt = tokenizer(f"{a}+{b}=")["input_ids"]
-        completion = tokenizer(str(a + b), add_special_tokens=False)["input_ids"]
-        rows.append(([*prompt, *completion, tokenizer.eos_token_id], len(prompt)))
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
-    for i, (row, n_prompt) in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-        labels[i, n_prompt : len(row)] = torch.tensor(row[n_prompt:])
-    return ids, mask, labels
+        completion = [*tokenizer(str(a + b), add_special_tokens=False)["input_ids"]]
+        completion.append(tokenizer.eos_token_id)
+        rows.append(([*prompt, *completion], [-100] * len(prompt) + completion))
+    return pad_rows(rows, tokenizer.pad_token_id)
 
 
 @torch.no_grad()
@@ -183,42 +177,16 @@ def warm_start(
     model: Any, tokenizer: Any, seed: int, target: float, max_steps: int, eval_every: int
 ) -> tuple[int, float]:
     """SFT on arith until the expected sampled accuracy reaches `target`: (steps, accuracy)."""
-    rng = random.Random(seed)
     pairs = arith_pairs()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    model.train()
-    acc = 0.0
-    for step in range(1, max_steps + 1):
-        ids, mask, labels = sft_batch(tokenizer, [rng.choice(pairs) for _ in range(64)])
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % eval_every == 0:
-            acc = expected_accuracy(model, tokenizer, pairs)
-            print(f"step {step:4d} loss {loss.item():.3f} expected_acc {acc:.3f}", flush=True)
-            if acc >= target:
-                return step, acc
-    return max_steps, acc
-
-
-def _patch_json(path: Path, **fields: Any) -> None:
-    data = json.loads(path.read_text())
-    data.update(fields)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def _compat_for_older_readers(out: Path) -> None:
-    """Also write the keys that transformers 4.x (and vLLM hosts that pin it) read.
-
-    transformers 5 writes `dtype`, `rope_parameters` and `TokenizersBackend`; 4.x reads
-    `torch_dtype`, `rope_theta` and knows PreTrainedTokenizerFast. 5.x accepts both.
-    """
-    config = json.loads((out / "config.json").read_text())
-    theta = config.get("rope_parameters", {}).get("rope_theta", config.get("rope_theta"))
-    _patch_json(out / "config.json", torch_dtype="bfloat16", rope_theta=theta)
-    _patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
+    plan = WarmStart(
+        batches=lambda rng: sft_batch(tokenizer, [rng.choice(pairs) for _ in range(64)]),
+        score=lambda m: expected_accuracy(m, tokenizer, pairs),
+        target=target,
+        max_steps=max_steps,
+        eval_every=eval_every,
+        label="expected_acc",
+    )
+    return sft.warm_start(model, plan, seed)
 
 
 def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 3000) -> dict[str, Any]:
@@ -236,10 +204,7 @@ def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 3000)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed)
     steps, sft_acc = warm_start(model, tokenizer, seed, target, max_steps, eval_every=5)
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    _compat_for_older_readers(out)
+    save(model, tokenizer, out)
     saved = load_policy(str(out), dtype="float32", trainable=False)
     pairs = arith_pairs() * 4  # every problem, four samples each
     reloaded = AutoTokenizer.from_pretrained(out)
@@ -255,19 +220,12 @@ def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 3000)
         "parameters": sum(p.numel() for p in saved.parameters()),
         "torch": torch.__version__,
     }
-    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_info(out, info)
     return {**info, "build_seconds": round(time.perf_counter() - start, 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--out", type=Path, default=Path("grpo_stream/assets/tiny-arith"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target", type=float, default=0.30, help="Stop SFT at this accuracy.")
-    parser.add_argument("--max-steps", type=int, default=3000)
-    args = parser.parse_args(argv)
-    info = build(args.out, seed=args.seed, target=args.target, max_steps=args.max_steps)
-    print(json.dumps(info, indent=2))
+    info = build_main(__doc__, build, "grpo_stream/assets/tiny-arith", 0.30, 3000, argv)
     print(f"sampled accuracy at temperature 1.0: {info['sampled_accuracy']:.3f}")
 
 

@@ -25,9 +25,14 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 TINY_ASSET = "tiny-arith"
 """Directory under grpo_stream/assets that holds the built tiny model."""
-SHIPPED_MODELS = {DEFAULT_MODEL: TINY_ASSET, "grpo-stream/tiny-guess": "tiny-guess"}
-"""Model names that resolve to a directory under grpo_stream/assets (tiny-guess: the guess
-environment's model, built by grpo_stream.models.build_guess)."""
+SHIPPED_MODELS = {
+    DEFAULT_MODEL: TINY_ASSET,
+    "grpo-stream/tiny-guess": "tiny-guess",
+    "grpo-stream/tiny-calc": "tiny-calc",
+}
+"""Model names that resolve to a directory under grpo_stream/assets (tiny-guess, tiny-calc:
+the guess and calc environments' models, built by grpo_stream.models.build_guess and
+build_calc)."""
 
 
 def resolve_model(name_or_path: str) -> str:

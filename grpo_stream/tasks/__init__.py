@@ -55,6 +55,8 @@ def _base_task(settings: TaskSettings, tokenizer: Any) -> Task:
         from grpo_stream.tasks.guess import GuessTask
 
         return GuessTask(seed=settings.seed, high=settings.guess_max)
+    if settings.name == "calc":  # arith's problems, all three operators, for the calc env
+        return ArithTask(seed=settings.seed, max_operand=settings.calc_max, ops="+-*", name="calc")
     if settings.name.startswith(VERIFIERS_PREFIX):
         from grpo_stream.envs.verifiers_task import VerifiersTask
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-TASK_NAMES = ("arith", "countdown", "math", "dataset", "guess")
+TASK_NAMES = ("arith", "countdown", "math", "dataset", "guess", "calc")
 GYM_PREFIX = "reasoning_gym:"
 VERIFIERS_PREFIX = "verifiers:"
 GSM8K_ANSWER_REGEX = r"(?s)^(?:.*####)?\s*(.*?)\s*$"
@@ -50,11 +50,11 @@ class TaskSettings(BaseModel):
 
     name: str = "arith"
     """arith (default, integer arithmetic), countdown (TinyZero), guess (episodes, with
-    env.name = "guess"), dataset (a Hugging Face
-    dataset or local Parquet/JSONL/CSV/Arrow file), math (alias of dataset for a local file
-    with GSM8K answers), reasoning_gym:<dataset> (procedural tasks of reasoning-gym), or
-    verifiers:package.module:factory (a verifiers environment's taskset, played with
-    env.name = "grpo_stream.envs.verifiers_adapter:VerifiersEnv")."""
+    env.name = "guess"), calc (episodes with a calculator tool, env.name = "calc"), dataset
+    (a Hugging Face dataset or local Parquet/JSONL/CSV/Arrow file), math (alias of dataset
+    for a local file with GSM8K answers), reasoning_gym:<dataset> (procedural tasks of
+    reasoning-gym), or verifiers:package.module:factory (a verifiers environment's taskset,
+    played with env.name = "grpo_stream.envs.verifiers_adapter:VerifiersEnv")."""
     seed: int = 0
     """Seed of the prompt stream: the same seed gives the same prompts in the same order."""
     max_operand: int = Field(20, ge=1)
@@ -63,6 +63,8 @@ class TaskSettings(BaseModel):
     """arith: operators to draw from, e.g. '+-'."""
     guess_max: int = Field(16, ge=2, le=10_000)
     """guess: the hidden number is in 1..guess_max (play it with env.name = "guess")."""
+    calc_max: int = Field(99, ge=1, le=10**6)
+    """calc: largest operand of the `a op b =` problems (play them with env.name = "calc")."""
     countdown_numbers: int = Field(3, ge=2, le=6)
     """countdown: how many numbers each problem gives."""
     path: Path | None = None

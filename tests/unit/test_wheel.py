@@ -10,6 +10,8 @@ import venv
 import zipfile
 from pathlib import Path
 
+from grpo_stream.models.loading import SHIPPED_MODELS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,7 +36,9 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "grpo_stream/services/grouper.py" in names
     assert "grpo_stream/protocols/SPEC.md" in names
-    assert any(n.startswith("grpo_stream/assets/tiny-arith/") for n in names)
+    for asset in SHIPPED_MODELS.values():  # every shipped model's weights and build info
+        assert f"grpo_stream/assets/{asset}/model.safetensors" in names
+        assert f"grpo_stream/assets/{asset}/build_info.json" in names
     assert not any(n.startswith(("services/", "protocols/")) for n in names)
 
     env_dir = tmp_path / "venv"
