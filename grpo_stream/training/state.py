@@ -41,7 +41,11 @@ from grpo_stream.training.checkpoint import (
 )
 from grpo_stream.training.lora import LoraPolicy
 from grpo_stream.training.minibatches import merge, own_totals, split_rows
-from grpo_stream.training.offpolicy import OffPolicyMeter, proximal_logprobs
+from grpo_stream.training.offpolicy import (
+    OffPolicyMeter,
+    deterministic_forward,
+    proximal_logprobs,
+)
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
 from grpo_stream.training.precision import Precision
 from grpo_stream.training.staging import HostStaging
@@ -439,10 +443,14 @@ class TrainState:
         whole = self.ddp is not None or self.fsdp
         chunk = rows if whole else settings.chunk_for(width, self._vocab())
         temperature = sampling.temperature  # the data's: log-probs of the sampled distribution
-        # pi_prox: the weights at the start of the step, no grad (minibatches pass theirs)
-        if prox is None and settings.off_policy in ("tis", "decoupled"):
+        # pi_prox: the weights at the start of the step, no grad (minibatches pass theirs);
+        # with a deterministic forward it is this forward's own values (offpolicy.py)
+        wants = prox is None and settings.off_policy in ("tis", "decoupled")
+        if wants and not deterministic_forward(self.cfg):
             prox = proximal_logprobs(self.model, part, chunk, temperature)
         logp, entropy = sequence_logprobs(model, part, chunk, temperature)
+        if wants and prox is None:
+            prox = logp.detach()
         self.meter.add(logp.detach() if prox is None else prox, part, self.version)
         ref_logp = self._ref_logp(part, temperature) if self.ref_model is not None else None
         loss, m = grpo_loss(
