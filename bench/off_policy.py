@@ -402,6 +402,8 @@ def main() -> None:
             f"rollbacks {res['rollbacks']} {res['seconds']:.0f}s",
             flush=True,
         )
+        partial = {"args": vars(args), "initial_reward": initial, "runs": runs, "partial": True}
+        save_json(RESULTS_DIR / f"{args.name}.json", partial)  # a cut-off run keeps its cells
     summarise(runs, initial, args.name, vars(args))
 
 
