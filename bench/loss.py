@@ -2,15 +2,17 @@
 
 Full step: chunked token_logprobs (with grad, entropies under no_grad), grpo_loss, backward,
 the rollback guard's finiteness check, the gradient regularizer and an AdamW step; as
-`behaviour` (no extra forward) and as `tis` (the default: first pi_prox, one no-grad forward
-over the batch, then the same step with the truncated importance weight).
+`behaviour` (no pi_prox), as `tis` the way the trainer runs it with a deterministic forward
+and one update per batch (pi_prox = the with-grad forward's detached log-probs, no extra
+forward), and as `tis + pi_prox forward` (one no-grad forward over the batch first: what the
+trainer runs with dropout on, and once per batch with trainer.minibatches > 1).
 Bare step: model(...).logits -> log_softmax -> gather -> mean, backward, AdamW step; and
 bare + forward: the same preceded by one no-grad forward (what any trainer that recomputes
 its old log-probs pays). Same model, same batch; repetitions interleaved (rotating which goes
-first) so drift in a shared machine's load hits all; medians are reported. The last line is
-the tis step's ratio to the bare step that also does the forward (goal <= 1.10).
+first) so drift in a shared machine's load hits all; medians are reported. The last line has
+tis/bare (the trainer's default path) and tis+forward/(bare+forward) (goal <= 1.10).
 
-    python bench/loss.py [--reps 15] [--batch 64] [--tokens 48] [--threads 1]
+    python -m bench.loss [--reps 15] [--batch 64] [--tokens 48] [--threads 1]
 """
 
 from __future__ import annotations
@@ -84,11 +86,13 @@ def main() -> None:
     regularizer = GradRegularizer(RegularizerSettings())
     guard = RollbackGuard(RollbackSettings())
 
-    def grpo_step(tis: bool = False) -> None:
+    def grpo_step(tis: bool = False, forward: bool = False) -> None:
         optimizer.zero_grad(set_to_none=True)
-        prox = proximal_logprobs(model, part, args.chunk, 1.0) if tis else None
+        prox = proximal_logprobs(model, part, args.chunk, 1.0) if forward else None
         settings = tis_settings if tis else loss_settings
         logp, entropy = token_logprobs(model, ids, attention, mask, chunk=args.chunk)
+        if tis and prox is None:
+            prox = logp.detach()  # the trainer's deterministic one-update path
         loss, _ = grpo_loss(
             logp, old_logp, advantages, mask, settings, trainer_old_logp=prox, entropy=entropy
         )
@@ -99,6 +103,9 @@ def main() -> None:
 
     def tis_step() -> None:
         grpo_step(tis=True)
+
+    def tis_forward_step() -> None:
+        grpo_step(tis=True, forward=True)
 
     def bare_forward_step() -> None:
         with torch.no_grad():
@@ -113,7 +120,13 @@ def main() -> None:
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
-    steps: list[Callable[[], None]] = [grpo_step, tis_step, bare_step, bare_forward_step]
+    steps: list[Callable[[], None]] = [
+        grpo_step,
+        tis_step,
+        tis_forward_step,
+        bare_step,
+        bare_forward_step,
+    ]
     for _ in range(2):  # warm-up
         for fn in steps:
             fn()
@@ -122,7 +135,7 @@ def main() -> None:
         k = rep % len(steps)
         for i in [*range(k, len(steps)), *range(k)]:
             times[i].append(timed(steps[i]))
-    grpo_ms, tis_ms, bare_ms, bare_fwd_ms = (1e3 * statistics.median(t) for t in times)
+    grpo_ms, tis_ms, tis_fwd_ms, bare_ms, bare_fwd_ms = (1e3 * statistics.median(t) for t in times)
     n_params = sum(p.numel() for p in params)
     print(
         f"model {n_params / 1e6:.2f}M params, batch {args.batch}x{args.tokens}, chunk {args.chunk}"
@@ -130,10 +143,11 @@ def main() -> None:
     print(f"bare step (log_softmax mean loss)      {bare_ms:8.1f} ms")
     print(f"bare step + no-grad forward            {bare_fwd_ms:8.1f} ms")
     print(f"grpo step, off_policy=behaviour        {grpo_ms:8.1f} ms")
-    print(f"grpo step, off_policy=tis (+ pi_prox)  {tis_ms:8.1f} ms")
+    print(f"grpo step, off_policy=tis              {tis_ms:8.1f} ms")
+    print(f"grpo step, tis + pi_prox forward       {tis_fwd_ms:8.1f} ms")
     print(
         f"ratio behaviour/bare {grpo_ms / bare_ms:.3f}  tis/bare {tis_ms / bare_ms:.3f}  "
-        f"tis/(bare+forward) {tis_ms / bare_fwd_ms:.3f}"
+        f"tis+forward/(bare+forward) {tis_fwd_ms / bare_fwd_ms:.3f}"
     )
 
 

@@ -14,14 +14,20 @@ groups of the previous r - 1 steps (each group is trained on r times, the older 
 more version stale), so every step trains on the same number of groups; reuse 2 does half
 the sampling.
 
-Measure: the mean reward of the final policy on held-out problems (task indices from
-1_000_000, fixed sampling seed, the same for every run) minus that of the initial policy;
-the gain ratio of a run is its gain over the on-policy run's (staleness 0, reuse 1, tis; at
-staleness 0 and reuse 1 the four corrections compute the same update up to rounding).
+Every run of one comparison has the same settings but the correction: lr, minibatches
+(optimizer updates per batch, `trainer.minibatches`), is_cap, clip eps, steps, batch.
 
-    python -m bench.off_policy                  # reduced grid: staleness 0 and 4, reuse 1
+Measure: the mean reward of the final policy on held-out problems (task indices from
+1_000_000, fixed sampling seed, the same for every run) minus that of the initial policy,
+averaged over the seeds (each seed: its own init-free training randomness: sampling and
+dropout-free updates, the same held-out set); the gain ratio of a cell is its mean gain over
+the on-policy mean gain (staleness 0, reuse 1, tis; there tis, decoupled and behaviour
+compute the same update up to rounding, none has no clip).
+
+    python -m bench.off_policy                  # staleness 0 and 4, reuse 1, seed 0
     python -m bench.off_policy --full           # staleness 0,2,4,8 x 4 corrections x reuse 1,2
-    python -m bench.off_policy --staleness 0,2 --modes tis,behaviour --reuse 1,2 --steps 80
+    python -m bench.off_policy --staleness 8 --reuse 2 --seeds 0,1 --name part3
+    python -m bench.off_policy --merge part1 part2 part3 --name off_policy   # table + plot
 
 Last line: `staleness4 best/onpolicy gain ratio: R` (best correction at staleness 4, reuse 1).
 """
@@ -52,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated off_policy modes")
     p.add_argument("--reuse", default="1", help="comma-separated reuse values")
     p.add_argument("--full", action="store_true", help="staleness 0,2,4,8 x modes x reuse 1,2")
+    p.add_argument("--seeds", default="0", help="comma-separated training seeds")
+    p.add_argument("--minibatches", type=int, default=1, help="trainer.minibatches")
+    p.add_argument("--is-cap", type=float, default=2.0, help="algo.loss.is_cap")
+    p.add_argument("--eps-low", type=float, default=0.2, help="algo.loss.eps_low")
+    p.add_argument("--eps-high", type=float, default=0.28, help="algo.loss.eps_high")
+    p.add_argument(
+        "--merge", nargs="+", default=None, help="summarise these results' runs (NAME or path)"
+    )
     p.add_argument("--prompts-per-step", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=8)
@@ -59,7 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-prompts", type=int, default=128)
     p.add_argument("--eval-group", type=int, default=4, help="samples per held-out prompt")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="off_policy", help="bench/results/NAME.{json,png}")
     return p
 
@@ -78,7 +91,7 @@ class Sim:
         self.specs = reward_specs(base.task, self.task)
         self.fns = [load_reward(s) for s in self.specs]
 
-    def config(self, mode: str, run: int) -> Any:
+    def config(self, mode: str, run: int, seed: int = 0) -> Any:
         from grpo_stream.config import load_config
 
         a = self.args
@@ -86,13 +99,17 @@ class Sim:
             None,
             [
                 f"run.run_dir={json.dumps(str(self.tmp / f'run{run}'))}",
-                f"run.seed={a.seed}",
+                f"run.seed={seed}",
                 'model.dtype="float32"',
                 f"trainer.lr={a.lr}",
                 f"algo.loss.off_policy={json.dumps(mode)}",
                 f"hub.groups_per_step={a.prompts_per_step}",
                 f"generator.group_size={a.group_size}",
                 f"generator.max_tokens={a.max_tokens}",
+                f"trainer.minibatches={a.minibatches}",
+                f"algo.loss.is_cap={a.is_cap}",
+                f"algo.loss.eps_low={a.eps_low}",
+                f"algo.loss.eps_high={a.eps_high}",
             ],
         )
 
@@ -114,7 +131,7 @@ class Sim:
         a = self.args
         indices = [EVAL_OFFSET + i for i in range(a.eval_prompts)]
         prompts = [self.task.problem(i).prompt for i in indices]
-        groups = engine.generate(prompts, a.eval_group, a.max_tokens, 1.0, seed=a.seed + 7)
+        groups = engine.generate(prompts, a.eval_group, a.max_tokens, 1.0, seed=7)
         scores = [
             self.reward(c.text, i)
             for i, g in zip(indices, groups, strict=True)
@@ -124,7 +141,7 @@ class Sim:
 
 
 def _groups(
-    sim: Sim, engine: Any, cursor: int, count: int, step: int, cfg: Any
+    sim: Sim, engine: Any, cursor: int, count: int, step: int, cfg: Any, seed: int
 ) -> tuple[list[Any], float]:
     """Sample, score and assemble `count` fresh groups (zero-signal ones dropped); and the
     mean reward of all the samples."""
@@ -137,7 +154,7 @@ def _groups(
     a = sim.args
     indices = list(range(cursor, cursor + count))
     prompts = [sim.task.problem(i).prompt for i in indices]
-    samples = engine.generate(prompts, a.group_size, a.max_tokens, 1.0, seed=a.seed * 7919 + step)
+    samples = engine.generate(prompts, a.group_size, a.max_tokens, 1.0, seed=seed * 7919 + step)
     out, total = [], 0.0
     for gid, sample in zip(indices, samples, strict=True):
         rewards = torch.tensor([sim.reward(c.text, gid) for c in sample.completions])
@@ -167,7 +184,7 @@ def _groups(
     return out, total / len(indices)
 
 
-def run_one(sim: Sim, staleness: int, mode: str, reuse: int, run: int) -> dict[str, Any]:
+def run_one(sim: Sim, staleness: int, mode: str, reuse: int, seed: int, run: int) -> dict[str, Any]:
     """One training run; returns its final held-out reward and per-step series."""
     import torch
 
@@ -177,14 +194,15 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, run: int) -> dict[s
     from grpo_stream.training.state import TrainState
 
     a = sim.args
-    cfg = sim.config(mode, run)
+    cfg = sim.config(mode, run, seed)
+    torch.manual_seed(seed)
     state = TrainState.create(cfg)
     policy = load_policy(cfg.model.name_or_path, dtype="float32", device="cpu", trainable=False)
     engine = HFEngine(policy, state.tokenizer, "cpu")
     snapshots: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=staleness + 1)
     recent: deque[list[Any]] = deque(maxlen=reuse - 1) if reuse > 1 else deque(maxlen=0)
     fresh_per_step = max(1, a.prompts_per_step // reuse)
-    cursor, rewards, gaps, weights = 0, [], [], []
+    cursor, rewards, gaps, weights, clips = 0, [], [], [], []
     start = time.perf_counter()
     tries = 0
     while state.step < a.steps and tries < 3 * a.steps:
@@ -193,7 +211,7 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, run: int) -> dict[s
         version, weights_then = snapshots[0]  # the oldest kept: k versions behind at most
         if engine.version != version:
             engine.load_weights(weights_then.items(), version)
-        fresh, sampled_reward = _groups(sim, engine, cursor, fresh_per_step, tries, cfg)
+        fresh, sampled_reward = _groups(sim, engine, cursor, fresh_per_step, tries, cfg, seed)
         cursor += fresh_per_step
         groups = fresh + [g for old in recent for g in old]
         if reuse > 1:
@@ -205,6 +223,7 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, run: int) -> dict[s
             rewards.append(sampled_reward)  # of the (stale) policy that sampled this step
             gaps.append(result.metrics["logp_gap"])
             weights.append(result.metrics["is_weight_max"])
+            clips.append(result.metrics["clip_frac"])
     seconds = time.perf_counter() - start
     engine.load_weights(state.named_weights(), state.version)
     final = sim.evaluate(engine)
@@ -212,59 +231,147 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, run: int) -> dict[s
         "staleness": staleness,
         "mode": mode,
         "reuse": reuse,
+        "seed": seed,
         "steps": state.step,
         "final_reward": final,
         "train_rewards": rewards,
         "logp_gap": gaps,
         "is_weight_max": weights,
+        "clip_frac": clips,
         "rollbacks": state.guard.total,
         "seconds": seconds,
     }
 
 
-def plot(path: Path, runs: list[dict[str, Any]], initial: float, onpolicy: float) -> None:
+def mean_gain(runs: list[dict[str, Any]], initial: float) -> tuple[float, float]:
+    """Mean and spread (half the max - min range) over seeds of final reward - initial."""
+    gains = [r["final_reward"] - initial for r in runs]
+    return float(np.mean(gains)), float((max(gains) - min(gains)) / 2)
+
+
+def cells(runs: list[dict[str, Any]]) -> dict[tuple[int, int, str], list[dict[str, Any]]]:
+    """Runs by (staleness, reuse, mode): one per seed."""
+    out: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        out.setdefault((r["staleness"], r["reuse"], r["mode"]), []).append(r)
+    return out
+
+
+def plot(path: Path, runs: list[dict[str, Any]], initial: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    by = cells(runs)
     stale = sorted({r["staleness"] for r in runs})
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    reuses = sorted({r["reuse"] for r in runs})
+    fig, axes = plt.subplots(1, len(reuses), figsize=(6 * len(reuses), 4), dpi=100, squeeze=False)
     width = 0.8 / len(MODES)
-    for j, mode in enumerate(MODES):
-        for reuse, hatch in ((1, ""), (2, "//")):
-            xs, ys = [], []
+    on = by.get((0, 1, "tis"))
+    for ax, reuse in zip(axes[0], reuses, strict=True):
+        for j, mode in enumerate(MODES):
+            xs, ys, es = [], [], []
             for i, s in enumerate(stale):
-                for r in runs:
-                    if (r["staleness"], r["mode"], r["reuse"]) == (s, mode, reuse):
-                        xs.append(i + (j - 1.5) * width)
-                        ys.append(r["final_reward"] - initial)
+                if (s, reuse, mode) in by:
+                    m, e = mean_gain(by[(s, reuse, mode)], initial)
+                    xs.append(i + (j - 1.5) * width)
+                    ys.append(m)
+                    es.append(e)
             if xs:
-                label = mode if reuse == 1 else f"{mode} reuse 2"
-                ax.bar(xs, ys, width * (0.9 if reuse == 1 else 0.45), hatch=hatch, label=label)
-    ax.axhline(onpolicy - initial, color="k", lw=0.8, ls="--", label="on-policy gain")
-    ax.set_xticks(range(len(stale)), [f"staleness {s}" for s in stale])
-    ax.set_ylabel("held-out reward gain after N steps")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, axis="y")
+                ax.bar(xs, ys, width * 0.9, yerr=es, capsize=2, label=mode)
+        if on:
+            ax.axhline(mean_gain(on, initial)[0], color="k", lw=0.8, ls="--", label="on-policy")
+        ax.set_xticks(range(len(stale)), [f"staleness {s}" for s in stale])
+        ax.set_title(f"reuse {reuse}")
+        ax.set_ylabel("held-out reward gain (mean over seeds, bar: half range)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def grid(args: argparse.Namespace) -> list[tuple[int, str, int]]:
+def grid(args: argparse.Namespace) -> list[tuple[int, str, int, int]]:
+    """(staleness, mode, reuse, seed) of every run, the on-policy reference (0, tis, 1)
+    first when it is in the grid."""
     if args.full:
-        return [(s, m, r) for r in (1, 2) for s in (0, 2, 4, 8) for m in MODES]
-    stale = [int(x) for x in args.staleness.split(",")]
-    modes = [m for m in args.modes.split(",") if m]
-    reuses = [int(x) for x in args.reuse.split(",")]
-    runs = [(0, "tis", 1)]  # the on-policy reference
-    for r in reuses:
-        for s in stale:
-            if (s, r) == (0, 1):
-                continue  # every mode computes the on-policy update there
-            runs += [(s, m, r) for m in modes]
-    return runs
+        stale, modes, reuses = [0, 2, 4, 8], list(MODES), [1, 2]
+    else:
+        stale = [int(x) for x in args.staleness.split(",")]
+        modes = [m for m in args.modes.split(",") if m]
+        reuses = [int(x) for x in args.reuse.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    runs = [(s, m, r, k) for k in seeds for r in reuses for s in stale for m in modes]
+    return sorted(runs, key=lambda x: (x[:3] != (0, "tis", 1), x[3]))
+
+
+def summarise(runs: list[dict[str, Any]], initial: float, name: str, args: dict[str, Any]) -> None:
+    """Print and write the table (mean gain / on-policy mean gain, with the seeds' spread),
+    the JSON and the plot; the last line is the staleness-4 ratio."""
+    by = cells(runs)
+    on = by.get((0, 1, "tis"))
+    on_gain = mean_gain(on, initial)[0] if on else math.nan
+    head = "| staleness | reuse | " + " | ".join(MODES) + " |"
+    lines = [
+        f"initial held-out reward {initial:.4f}; on-policy gain {on_gain:+.4f} "
+        f"(staleness 0, reuse 1, tis, mean over seeds)",
+        "",
+        "Gain / on-policy gain, mean over seeds (+- half the range of the seeds' gains / "
+        "on-policy gain):",
+        "",
+        head,
+        "|" + "---|" * (len(MODES) + 2),
+    ]
+    table: dict[str, dict[str, list[float]]] = {}
+    for reuse in sorted({r["reuse"] for r in runs}):
+        for s in sorted({r["staleness"] for r in runs}):
+            row = {}
+            for m in MODES:
+                if (s, reuse, m) in by:
+                    g, e = mean_gain(by[(s, reuse, m)], initial)
+                    row[m] = [g / on_gain, e / abs(on_gain), len(by[(s, reuse, m)])]
+            if row:
+                table[f"s{s}_r{reuse}"] = row
+                cell = " | ".join(
+                    f"{row[m][0]:.2f} +- {row[m][1]:.2f}" if m in row else "-" for m in MODES
+                )
+                lines.append(f"| {s} | {reuse} | {cell} |")
+    text = "\n".join(lines)
+    print("\n" + text)
+    out = RESULTS_DIR / f"{name}.json"
+    save_json(
+        out,
+        {
+            "args": args,
+            "initial_reward": initial,
+            "onpolicy_gain": on_gain,
+            "ratios": table,
+            "runs": runs,
+            "environment": environment(),
+        },
+    )
+    (RESULTS_DIR / f"{name}.md").write_text(text + "\n")
+    plot(RESULTS_DIR / f"{name}.png", runs, initial)
+    print(f"wrote {out}")
+    four = table.get("s4_r1", {})
+    best = max(v[0] for v in four.values()) if four else math.nan
+    print(f"staleness4 best/onpolicy gain ratio: {best:.3f}")
+
+
+def merged(names: list[str]) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
+    """The runs of several results files (later files win a repeated cell and seed)."""
+    runs: dict[tuple[int, str, int, int], dict[str, Any]] = {}
+    initial, args = math.nan, {}
+    for name in names:
+        path = Path(name) if name.endswith(".json") else RESULTS_DIR / f"{name}.json"
+        data = json.loads(path.read_text())
+        if math.isfinite(initial) and abs(data["initial_reward"] - initial) > 1e-9:
+            raise SystemExit(f"{path}: another held-out set (initial reward differs)")
+        initial, args = data["initial_reward"], data["args"]
+        for r in data["runs"]:
+            runs[(r["staleness"], r["mode"], r["reuse"], r["seed"])] = r
+    return list(runs.values()), initial, args
 
 
 def main() -> None:
@@ -272,6 +379,10 @@ def main() -> None:
 
     args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
+    if args.merge:
+        runs, initial, run_args = merged(args.merge)
+        summarise(runs, initial, args.name, run_args)
+        return
     sim = Sim(args)
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.models.loading import load_policy, load_tokenizer
@@ -281,51 +392,19 @@ def main() -> None:
     initial = sim.evaluate(HFEngine(policy, load_tokenizer(base.model.name_or_path), "cpu"))
     print(f"initial held-out reward {initial:.4f} ({args.eval_prompts}x{args.eval_group} samples)")
     runs = []
-    for n, (s, m, r) in enumerate(grid(args)):
-        torch.manual_seed(args.seed)
-        res = run_one(sim, s, m, r, n)
+    for n, (s, m, r, seed) in enumerate(grid(args)):
+        res = run_one(sim, s, m, r, seed, n)
         runs.append(res)
         print(
-            f"staleness {s} reuse {r} {m:9s} reward {res['final_reward']:.4f} "
+            f"staleness {s} reuse {r} seed {seed} {m:9s} reward {res['final_reward']:.4f} "
             f"gain {res['final_reward'] - initial:+.4f} steps {res['steps']} "
-            f"gap {np.mean(res['logp_gap']):.3f} rollbacks {res['rollbacks']} "
-            f"{res['seconds']:.0f}s",
+            f"gap {np.mean(res['logp_gap']):.3f} clip {np.mean(res['clip_frac']):.3f} "
+            f"rollbacks {res['rollbacks']} {res['seconds']:.0f}s",
             flush=True,
         )
-    on = next(r for r in runs if (r["staleness"], r["reuse"]) == (0, 1))["final_reward"]
-    on_gain = on - initial
-    print(
-        "\nstaleness reuse " + " ".join(f"{m:>10s}" for m in MODES) + "   (gain / on-policy gain)"
-    )
-    table: dict[str, dict[str, float]] = {}
-    for r_ in sorted({r["reuse"] for r in runs}):
-        for s in sorted({r["staleness"] for r in runs}):
-            row = {
-                r["mode"]: (r["final_reward"] - initial) / on_gain
-                for r in runs
-                if (r["staleness"], r["reuse"]) == (s, r_)
-            }
-            if row:
-                table[f"s{s}_r{r_}"] = row
-                cells = " ".join(f"{row[m]:10.3f}" if m in row else f"{'-':>10s}" for m in MODES)
-                print(f"{s:9d} {r_:5d} {cells}")
-    out = RESULTS_DIR / f"{args.name}.json"
-    save_json(
-        out,
-        {
-            "args": vars(args),
-            "initial_reward": initial,
-            "onpolicy_reward": on,
-            "ratios": table,
-            "runs": runs,
-            "environment": environment(),
-        },
-    )
-    plot(RESULTS_DIR / f"{args.name}.png", runs, initial, on)
-    print(f"wrote {out}")
-    four = table.get("s4_r1", {})
-    best = max(four.values()) if four else math.nan
-    print(f"staleness4 best/onpolicy gain ratio: {best:.3f}")
+        partial = {"args": vars(args), "initial_reward": initial, "runs": runs, "partial": True}
+        save_json(RESULTS_DIR / f"{args.name}.json", partial)  # a cut-off run keeps its cells
+    summarise(runs, initial, args.name, vars(args))
 
 
 if __name__ == "__main__":

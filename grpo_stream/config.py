@@ -209,6 +209,12 @@ class TrainerSettings(BaseModel):
     micro_batch_tokens: int = Field(16384, ge=1)
     """Token budget of one micro-batch's forward: rows x row width, padding included. Must
     hold the longest sequence (prompt + generator.max_tokens)."""
+    minibatches: int = Field(1, ge=1, le=64)
+    """Optimizer updates per batch (PPO-style): the batch's rows are split into this many
+    minibatches, one AdamW step each, with pi_prox fixed at the batch's start (so the tis /
+    decoupled clip can bind from the second on); step, version and lr schedule still advance
+    once per batch, and a rollback discards the whole batch (training/minibatches.py).
+    Needs trainer.ranks = 1 when above 1."""
     packing: bool = True
     """Pack several sequences into each row, padding-free (position ids restart per sequence,
     attention stays within each); false right-pads one sequence per row."""
@@ -255,6 +261,15 @@ class TrainerSettings(BaseModel):
     """Test hook: inject a NaN into the loss at this step to exercise rollback."""
     lora: LoraSettings = LoraSettings()
     """LoRA: train and publish a peft adapter instead of all weights."""
+
+    @model_validator(mode="after")
+    def _minibatches_one_rank(self) -> TrainerSettings:
+        if self.minibatches > 1 and self.ranks > 1:
+            raise ValueError(
+                "trainer.minibatches > 1 needs trainer.ranks = 1 (each minibatch's loss "
+                "normalisers are not summed across ranks)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lora_lr(self) -> TrainerSettings:

@@ -21,6 +21,8 @@ log-probs at the start of the step (the proximal policy pi_prox), u = exp(p - b)
 tis and decoupled need `trainer_old_logp`. With one optimizer step per batch pi_prox is the
 policy being differentiated, so r = 1 in value and the clip never binds: all the
 off-policy correction is in w, which also absorbs any generator/trainer numeric mismatch.
+With several updates per batch (trainer.minibatches, pi_prox fixed at the batch's start) r
+moves off 1 from the second update on and the clip is a trust region around pi_prox.
 Using both ratios against `old_logp` would count the mismatch twice.
 
 Invariants:

@@ -34,8 +34,9 @@ class LossSettings(BaseModel):
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip constant c (> 1) bounding the loss for negative advantages; None disables it."""
     off_policy: Literal["tis", "decoupled", "behaviour", "none"] = "behaviour"
-    """Off-policy correction. The trainer recomputes pi_prox, its own log-probs at the start
-    of the step (one no-grad forward), for tis and decoupled; PPO ratio and clip are then
+    """Off-policy correction. For tis and decoupled the trainer takes pi_prox, its own
+    log-probs at the start of the batch (from its with-grad forward when that is deterministic
+    and there is one update per batch, else one no-grad forward); PPO ratio and clip are then
     taken against pi_prox and each token is weighted by w = pi_prox / pi_behaviour (detached):
     tis truncates w at is_cap, decoupled (AReaL) drops tokens with w > is_cap (w = 0 there).
     behaviour: ratio and clip against the behaviour log-probs, no weight, no extra forward.

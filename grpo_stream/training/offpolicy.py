@@ -2,9 +2,13 @@
 
 `proximal_logprobs` is the extra forward of `algo.loss.off_policy` = tis | decoupled: the
 trainer's own log-probs of a micro-batch under its weights at the start of the step, without
-grad. The weights do not change between the micro-batches of one step (the optimizer steps
+grad. The weights do not change between the micro-batches of one optimizer step (it steps
 once, after all of them), so computing it micro-batch by micro-batch gives exactly the
-start-of-step values, whatever the micro-batching.
+start-of-step values, whatever the micro-batching. With one update per batch
+(trainer.minibatches = 1) and a deterministic forward (`deterministic_forward`: no dropout)
+those values are the with-grad forward's own log-probs, detached, so the trainer takes them
+from there and runs no extra forward; with dropout on, or from the second minibatch on
+(training/minibatches.py: computed once per batch before the first update), it runs.
 
 `OffPolicyMeter` gathers, over one step's micro-batches, what users watch for train/inference
 mismatch and staleness:
@@ -28,8 +32,16 @@ from typing import Any
 
 import torch
 
+from grpo_stream.config import RunConfig
 from grpo_stream.training.batch import Tensors
 from grpo_stream.training.packing import sequence_logprobs
+
+
+def deterministic_forward(cfg: RunConfig) -> bool:
+    """Whether the training forward is deterministic (no dropout, LoRA's included): then the
+    with-grad forward's detached log-probs are pi_prox of a one-update step."""
+    lora = cfg.trainer.lora
+    return not cfg.trainer.dropout and not (lora.enabled and lora.dropout > 0)
 
 
 def proximal_logprobs(model: Any, part: Tensors, chunk: int, temperature: float) -> torch.Tensor:

@@ -40,7 +40,12 @@ from grpo_stream.training.checkpoint import (
     set_rng_state,
 )
 from grpo_stream.training.lora import LoraPolicy
-from grpo_stream.training.offpolicy import OffPolicyMeter, proximal_logprobs
+from grpo_stream.training.minibatches import merge, own_totals, split_rows
+from grpo_stream.training.offpolicy import (
+    OffPolicyMeter,
+    deterministic_forward,
+    proximal_logprobs,
+)
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
 from grpo_stream.training.precision import Precision
 from grpo_stream.training.staging import HostStaging
@@ -235,19 +240,19 @@ class TrainState:
         if tensors.size == 0:
             log.warning("trainer.empty_batch", step=self.step)
             return StepResult(applied=False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer.zero_grad(set_to_none=True)
         self.meter = OffPolicyMeter(self.cfg.algo.loss.is_cap)
-        loss, metrics = self._forward_backward(tensors, batch)
-        if not self.precision.unscale(self.optimizer, params):  # fp16 overflow: skip, no rollback
-            self.precision.skip()
+        minis = split_rows(tensors, self.cfg.trainer.minibatches)  # training/minibatches.py
+        prox = self._proximal(minis, batch.sampling) if len(minis) > 1 else [None]
+        updates: list[tuple[dict[str, Any], float]] = []
+        for mini, mini_prox in zip(minis, prox, strict=True):
+            totals = None if len(minis) == 1 else own_totals(mini)
+            out = self._update(mini, batch, totals, mini_prox)
+            if isinstance(out, StepResult):  # rolled back: the whole batch is discarded
+                return out
+            if out is not None:  # None: an fp16 overflow skipped this update
+                updates.append((out, float(mini.completion_mask.sum())))
+        if not updates:
             return StepResult(False, {"overflow_skips": self.precision.overflow_skips})
-        if not self.guard.check(loss, params):
-            return self._rollback(self.guard.last_cause or "")
-        reg = self.regularizer.apply(params)
-        if reg.skip is not None:
-            return self._rollback(reg.skip, grad_norm=reg.norm_before, tau=reg.tau)
-        self.precision.step(self.optimizer)
         self.scheduler.step()
         for group in self.optimizer.param_groups:  # keep rollback's lr reductions
             group["lr"] *= self.guard.lr_scale
@@ -257,7 +262,37 @@ class TrainState:
         self.guard.after_step(
             self.model, self.optimizer, self.regularizer, self.step, self.scheduler
         )
+        metrics = merge(updates)
         metrics.update(self.meter.summary())
+        metrics.update(
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+            rollbacks=self.guard.total,
+            explosions=self.guard.explosions,
+            overflow_skips=self.precision.overflow_skips,
+        )
+        return StepResult(applied=True, metrics=metrics)
+
+    def _update(
+        self,
+        t: Tensors,
+        batch: TrainBatch,
+        totals: tuple[float, float] | None,
+        prox: list[torch.Tensor] | None,
+    ) -> dict[str, Any] | StepResult | None:
+        """One optimizer step on `t` (the batch, or one of its minibatches): its metrics; a
+        StepResult when it rolled back; None when an fp16 overflow skipped it."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = self._forward_backward(t, batch, totals, prox)
+        if not self.precision.unscale(self.optimizer, params):  # fp16 overflow: skip, no rollback
+            self.precision.skip()
+            return None
+        if not self.guard.check(loss, params):
+            return self._rollback(self.guard.last_cause or "")
+        reg = self.regularizer.apply(params)
+        if reg.skip is not None:
+            return self._rollback(reg.skip, grad_norm=reg.norm_before, tau=reg.tau)
+        self.precision.step(self.optimizer)
         metrics.update(
             loss=float(loss),
             grad_norm=reg.norm_before,
@@ -265,12 +300,34 @@ class TrainState:
             tau=reg.tau,
             reg_fired=reg.fired,
             reg_fired_frac=reg.fired_frac,
-            lr=float(self.optimizer.param_groups[0]["lr"]),
-            rollbacks=self.guard.total,
-            explosions=self.guard.explosions,
-            overflow_skips=self.precision.overflow_skips,
         )
-        return StepResult(applied=True, metrics=metrics)
+        return metrics
+
+    def _proximal(
+        self, minis: list[Tensors], sampling: SamplingParams
+    ) -> list[list[torch.Tensor] | None]:
+        """pi_prox of every minibatch's micro-batches (in `_micro_batches`' order), under the
+        weights as they are now, before any update of the batch; None each when the loss
+        needs none (off_policy behaviour | none)."""
+        settings = self.cfg.algo.loss
+        if settings.off_policy not in ("tis", "decoupled"):
+            return [None] * len(minis)
+        out: list[list[torch.Tensor] | None] = []
+        for mini in minis:
+            parts = self._micro_batches(mini)
+            with self.precision.autocast():
+                out.append(
+                    [
+                        proximal_logprobs(
+                            self.model,
+                            part,
+                            settings.chunk_for(part.forward_shape[1], self._vocab()),
+                            sampling.temperature,
+                        )
+                        for part in parts
+                    ]
+                )
+        return out
 
     def _rollback(self, cause: str, **fields: float) -> StepResult:
         """Skip this step and restore the last snapshot (see algo/rollback.py)."""
@@ -311,10 +368,15 @@ class TrainState:
         return total.num_seqs / self.world_size, total.num_tokens / self.world_size
 
     def _forward_backward(
-        self, t: Tensors, batch: TrainBatch
+        self,
+        t: Tensors,
+        batch: TrainBatch,
+        totals: tuple[float, float] | None = None,
+        prox: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Accumulate gradients over micro-batches; returns the full-batch loss and metrics."""
-        totals = self._totals(t, batch)
+        """Accumulate gradients over micro-batches; returns the full-batch loss and metrics.
+        A minibatch passes its own `totals` and its micro-batches' precomputed pi_prox."""
+        totals = self._totals(t, batch) if totals is None else totals
         total = torch.zeros((), device=self.device)
         sums: dict[str, float] = {}
         parts = self._micro_batches(t)
@@ -329,7 +391,10 @@ class TrainState:
             )
             with sync:
                 with self.precision.autocast():  # log-probs and loss stay float32 inside
-                    loss, m = self._micro_loss(part, totals, batch.sampling, first=i == 0)
+                    part_prox = None if prox is None else prox[min(i, len(prox) - 1)]
+                    loss, m = self._micro_loss(
+                        part, totals, batch.sampling, first=i == 0, prox=part_prox
+                    )
                 if i >= len(parts):  # FSDP2 filler pass (see _passes): no gradient, no metrics
                     self.precision.backward(loss * 0.0)
                     continue
@@ -363,7 +428,12 @@ class TrainState:
         return max_over_ranks(micro_batches)
 
     def _micro_loss(
-        self, part: Tensors, totals: tuple[float, float], sampling: SamplingParams, first: bool
+        self,
+        part: Tensors,
+        totals: tuple[float, float],
+        sampling: SamplingParams,
+        first: bool,
+        prox: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         settings = self.cfg.algo.loss
         model = self.ddp if self.ddp is not None else self.model
@@ -373,10 +443,14 @@ class TrainState:
         whole = self.ddp is not None or self.fsdp
         chunk = rows if whole else settings.chunk_for(width, self._vocab())
         temperature = sampling.temperature  # the data's: log-probs of the sampled distribution
-        prox = None  # pi_prox: the weights at the start of the step, no grad
-        if settings.off_policy in ("tis", "decoupled"):
+        # pi_prox: the weights at the start of the step, no grad (minibatches pass theirs);
+        # with a deterministic forward it is this forward's own values (offpolicy.py)
+        wants = prox is None and settings.off_policy in ("tis", "decoupled")
+        if wants and not deterministic_forward(self.cfg):
             prox = proximal_logprobs(self.model, part, chunk, temperature)
         logp, entropy = sequence_logprobs(model, part, chunk, temperature)
+        if wants and prox is None:
+            prox = logp.detach()
         self.meter.add(logp.detach() if prox is None else prox, part, self.version)
         ref_logp = self._ref_logp(part, temperature) if self.ref_model is not None else None
         loss, m = grpo_loss(

@@ -52,6 +52,12 @@ def test_cross_field_check_groups_per_step_vs_ranks() -> None:
     assert load_config(None, ["hub.groups_per_step=4", "trainer.ranks=4"]).trainer.ranks == 4
 
 
+def test_several_minibatches_on_several_ranks_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.minibatches > 1 needs trainer\.ranks = 1"):
+        load_config(None, ["trainer.minibatches=4", "trainer.ranks=2", "hub.groups_per_step=4"])
+    assert load_config(None, ["trainer.minibatches=4"]).trainer.minibatches == 4
+
+
 def test_cross_field_check_capacity_vs_batch() -> None:
     with pytest.raises(ConfigError, match="capacity"):
         load_config(None, ["hub.groups_per_step=64", "hub.replay.capacity=8"])

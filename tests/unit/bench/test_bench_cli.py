@@ -138,12 +138,33 @@ def test_off_policy_default_grid_is_reduced_and_full_is_the_whole_grid(
 ) -> None:
     mod = bench("off_policy")
     default = mod.grid(mod.build_parser().parse_args([]))
-    assert default[0] == (0, "tis", 1)  # the on-policy reference first
-    assert sorted(default[1:]) == sorted((4, m, 1) for m in mod.MODES)
-    full = mod.grid(mod.build_parser().parse_args(["--full"]))
-    assert len(full) == 4 * len(mod.MODES) * 2
+    assert default[0] == (0, "tis", 1, 0)  # the on-policy reference first
+    assert sorted(default) == sorted((s, m, 1, 0) for s in (0, 4) for m in mod.MODES)
+    full = mod.grid(mod.build_parser().parse_args(["--full", "--seeds", "0,1"]))
+    assert len(full) == 4 * len(mod.MODES) * 2 * 2
     for mode in mod.MODES:  # every compared correction is a valid setting
         assert load_config(None, [f'algo.loss.off_policy="{mode}"']).algo.loss.off_policy == mode
+
+
+def test_off_policy_merge_keeps_one_run_per_cell_and_seed(
+    bench: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
+    mod = bench("off_policy")
+
+    def run(stale: int, seed: int, reward: float) -> dict[str, object]:
+        return {"staleness": stale, "mode": "tis", "reuse": 1, "seed": seed, "final_reward": reward}
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"initial_reward": 0.2, "args": {}, "runs": [run(0, 0, 0.3)]}))
+    b.write_text(
+        json.dumps({"initial_reward": 0.2, "args": {}, "runs": [run(0, 0, 0.4), run(4, 1, 0.25)]})
+    )
+    runs, initial, _ = mod.merged([str(a), str(b)])
+    assert initial == 0.2
+    assert sorted((r["staleness"], r["seed"], r["final_reward"]) for r in runs) == [
+        (0, 0, 0.4),
+        (4, 1, 0.25),
+    ]
 
 
 def test_lora_searches_the_lrs_given_as_a_comma_list(bench: Callable[[str], ModuleType]) -> None:
