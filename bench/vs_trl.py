@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=TINY_MODEL, help="model name or path (tiny-arith)")
     parser.add_argument("--size", choices=["tiny", "10x"], default="tiny")
     parser.add_argument("--sft-steps", type=int, default=200, help="10x: SFT warm-start cap")
+    parser.add_argument(
+        "--keep-10x", type=Path, default=None, metavar="DIR",
+        help="10x: build the model into DIR once and reuse it on later runs (same seed, steps)",
+    )  # fmt: skip
     parser.add_argument("--task", choices=["arith", "countdown"], default="arith")
     parser.add_argument(
         "--threads", type=threads_arg, default="auto", help="ours: run.torch_threads (auto, or N)"
@@ -164,6 +168,21 @@ def build_10x(tiny: str, out: Path, seed: int, sft_steps: int) -> dict[str, Any]
     return {"path": str(out), "parameters": params, "sft_steps": steps,
             "expected_accuracy": round(acc, 4),
             "build_s": round(time.perf_counter() - start, 1)}  # fmt: skip
+
+
+def model_10x(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """The 10x model: built in `tmp`, or once into --keep-10x (its build.json says how)."""
+    if args.keep_10x is None:
+        return build_10x(args.model, tmp / "model-10x", args.seed, args.sft_steps)
+    record = args.keep_10x / "build.json"
+    wanted = {"seed": args.seed, "sft_cap": args.sft_steps, "base": args.model}
+    if record.exists():
+        info: dict[str, Any] = json.loads(record.read_text())
+        if info.get("wanted") == wanted:
+            return info
+    info = build_10x(args.model, args.keep_10x, args.seed, args.sft_steps)
+    record.write_text(json.dumps({**info, "wanted": wanted}))
+    return info
 
 
 def count_parameters(model: str) -> int:
@@ -398,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vs-trl-") as tmp:
         model_path, model_info = args.model, {"path": args.model}
         if args.size == "10x":
-            model_info = build_10x(args.model, Path(tmp) / "model-10x", args.seed, args.sft_steps)
+            model_info = model_10x(args, Path(tmp))
             model_path = model_info["path"]
             print(f"10x model: {json.dumps(model_info)}", flush=True)
         model_info.setdefault("parameters", count_parameters(model_path))
