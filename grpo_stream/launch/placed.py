@@ -20,7 +20,7 @@ from grpo_stream.config import RunConfig
 from grpo_stream.launch.cluster import LaunchCluster, LaunchHost, config_overrides, place
 from grpo_stream.launch.placement import DEVICE_ORDER, Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
-from grpo_stream.launch.threads import size_specs
+from grpo_stream.launch.threads import run_shares, size_specs
 from grpo_stream.launch.up import hub_service, security_args, service_argv
 
 TORCHRUN = ["-m", "torch.distributed.run"]
@@ -128,7 +128,9 @@ def placed_services(
         out.append((_via(hosts, first, spec), None))
     on_this_machine = [(s, slot.ranks if slot and s.service == "trainer" else 1) for s, slot in out
                        if s.host == "local" or hosts[s.host].launcher in SAME_MACHINE]  # fmt: skip
-    size_specs(cfg.run.torch_threads, on_this_machine)
+    if cfg.run.torch_threads == "auto":
+        shares = run_shares(Path(cfg.run.run_dir), cfg.generator.count)
+        size_specs(cfg.run.torch_threads, on_this_machine, shares=shares)
     return out
 
 

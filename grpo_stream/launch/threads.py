@@ -3,8 +3,9 @@
 `run.torch_threads = N`: every torch service (trainer ranks, generators, evaluator) runs N
 intra-op threads, as before. `run.torch_threads = "auto"`: `up` splits the cores it may use
 (its CPU affinity) among the torch services it starts on its own machine, in proportion to
-each one's busy share (`BUSY_SHARES`: the fraction of the run's wall time that service
-computes, measured on this pipeline), at least one thread each; a service with a whole
+each one's busy share (the fraction of the run's wall time that service computes: measured
+from the run directory's metrics.jsonl when the run resumes, else `BUSY_SHARES`), at least
+one thread each; a service with a whole
 number of cores to itself is pinned to them (`os.sched_setaffinity`), so the trainer's and
 the generators' OpenMP pools never share a core. More torch services than cores: one thread
 each, unpinned (the kernel time-slices them).
@@ -28,7 +29,8 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from grpo_stream.launch.supervisor import ServiceSpec
 
@@ -39,6 +41,10 @@ BUSY_SHARES: Mapping[str, float] = {"trainer": 1.0, "generator": 1.0, "evaluator
 generators of an asynchronous run are both busy most of the time (the trainer waits ~0-10%
 for a batch, see metrics.jsonl's trainer_wait_s; the generator ~0-15% for weights, its
 heartbeat's wait_s); the evaluator runs once every `eval.every` steps."""
+MIN_SHARE = 0.05
+"""The smallest busy share a measurement gives a service (a service never gets no core)."""
+MEASURED_ROWS = 200
+"""Steps of a resumed run's metrics that its busy shares are measured over (the latest)."""
 ENV_THREADS = "GRPO_STREAM_TORCH_THREADS"
 ENV_INTEROP = "GRPO_STREAM_INTEROP_THREADS"
 ENV_CPUS = "GRPO_STREAM_CPUS"
@@ -92,6 +98,33 @@ def split_cores(
     return plans
 
 
+def measured_shares(rows: Sequence[Mapping[str, Any]], generators: int) -> dict[str, float]:
+    """Busy shares of trainer and generators from a run's metrics rows (metrics.jsonl): the
+    trainer is busy but for its `trainer_wait_s`, the generators but for the growth of their
+    summed `gen_wait_s`, over the wall time from the first row to the last; at least
+    MIN_SHARE each. Empty when there are fewer than two rows (nothing measured)."""
+    if len(rows) < 2 or generators < 1:
+        return {}
+    span = float(rows[-1]["wall_time"]) - float(rows[0]["wall_time"])
+    if span <= 0:
+        return {}
+    trainer_wait = sum(float(r["trainer_wait_s"]) for r in rows[1:])
+    gen_wait = float(rows[-1]["gen_wait_s"]) - float(rows[0]["gen_wait_s"])
+    return {
+        "trainer": max(MIN_SHARE, min(1.0, 1.0 - trainer_wait / span)),
+        "generator": max(MIN_SHARE, min(1.0, 1.0 - gen_wait / (span * generators))),
+    }
+
+
+def run_shares(run_dir: Path, generators: int) -> dict[str, float]:
+    """BUSY_SHARES, with the trainer's and generators' measured in the run directory's
+    metrics when it has them (a resumed run: its last `MEASURED_ROWS` steps)."""
+    from grpo_stream.training.metrics import read_metrics
+
+    rows = read_metrics(run_dir)[-MEASURED_ROWS:]
+    return {**BUSY_SHARES, **measured_shares(rows, generators)}
+
+
 def fixed_plan(threads: int) -> ThreadPlan:
     """`run.torch_threads = N`: N threads, unpinned."""
     return ThreadPlan(threads=threads)
@@ -103,13 +136,17 @@ def local_cores() -> list[int]:
 
 
 def service_plans(
-    setting: TorchThreads, services: Sequence[str], cores: Sequence[int] | None = None
+    setting: TorchThreads,
+    services: Sequence[str],
+    cores: Sequence[int] | None = None,
+    shares: Mapping[str, float] = BUSY_SHARES,
 ) -> list[ThreadPlan | None]:
     """One plan per service of `services` (kinds, in start order): None for services without
-    torch; a fixed plan for a number; the split of `cores` (default: this machine's) for auto."""
+    torch; a fixed plan for a number; for auto the split of `cores` (default: this
+    machine's) by `shares`."""
     torch_kinds = [s for s in services if s in TORCH_SERVICES]
     if setting == "auto":
-        sized = iter(split_cores(cores or local_cores(), torch_kinds, BUSY_SHARES))
+        sized = iter(split_cores(cores or local_cores(), torch_kinds, shares))
     else:
         sized = iter([fixed_plan(setting)] * len(torch_kinds))
     return [next(sized) if s in TORCH_SERVICES else None for s in services]
@@ -126,6 +163,7 @@ def size_specs(
     setting: TorchThreads,
     specs: Sequence[tuple[ServiceSpec, int]],
     cores: Sequence[int] | None = None,
+    shares: Mapping[str, float] = BUSY_SHARES,
 ) -> None:
     """With auto, add each torch service's thread plan to its environment (a number reaches
     the services in the config). `specs`: the services this machine starts, each with its
@@ -133,7 +171,7 @@ def size_specs(
     if setting != "auto":
         return
     kinds = [spec.service for spec, n in specs for _ in range(n)]
-    plans = iter(service_plans(setting, kinds, cores))
+    plans = iter(service_plans(setting, kinds, cores, shares))
     for spec, n in specs:
         group = [next(plans) for _ in range(n)]
         sized = [p for p in group if p is not None]

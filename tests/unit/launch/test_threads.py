@@ -17,6 +17,7 @@ from grpo_stream.launch.threads import (
     ENV_CPUS,
     ENV_THREADS,
     ThreadPlan,
+    measured_shares,
     plan_from_env,
     service_plans,
     size_specs,
@@ -48,6 +49,20 @@ def test_every_core_is_given_once_and_each_service_gets_one() -> None:
 def test_more_services_than_cores_run_one_thread_each_unpinned() -> None:
     plans = split_cores([0, 1], ["trainer", "generator", "generator"], EQUAL)
     assert plans == [ThreadPlan(1)] * 3
+
+
+def test_busy_shares_are_measured_from_the_waits_in_the_metrics() -> None:
+    rows = [
+        {"wall_time": 10.0, "trainer_wait_s": 5.0, "gen_wait_s": 1.0},
+        {"wall_time": 14.0, "trainer_wait_s": 1.0, "gen_wait_s": 3.0},
+        {"wall_time": 20.0, "trainer_wait_s": 2.0, "gen_wait_s": 5.0},
+    ]
+    # trainer waited 3 of 10 s; the two generators 4 of their 2 x 10 s
+    assert measured_shares(rows, generators=2) == pytest.approx({"trainer": 0.7, "generator": 0.8})
+
+
+def test_a_lone_step_measures_nothing() -> None:
+    assert measured_shares([{"wall_time": 1.0, "trainer_wait_s": 0, "gen_wait_s": 0}], 1) == {}
 
 
 def test_a_number_gives_every_torch_service_that_many_threads() -> None:
