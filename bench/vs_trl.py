@@ -5,8 +5,11 @@ Both sides get the same model, task, prompts in the same order (prompt i is
 order, not shuffled), group size G, at most 8 completion tokens, temperature 1.0 (no top-k,
 top-p 1.0), learning rate (constant, no warm-up), AdamW (weight decay 0), beta = 0 (no
 reference model), per-sequence-mean loss aggregation (`loss_type="grpo"`, ours
-`algo.loss.aggregation="grpo"`), clip range 0.2 / 0.28, group-std advantages, torch threads,
-number of steps and prompts per step; fp32 on the CPU.
+`algo.loss.aggregation="grpo"`), clip range 0.2 / 0.28, group-std advantages, the whole
+machine (ours `run.torch_threads="auto"`: trainer and generator split the cores, each pinned
+to its own; TRL: torch threads = every core), number of steps and prompts per step; fp32 on
+the CPU. `--task countdown --max-tokens 128` is the long-completion workload (completion
+lengths vary; both sides score with the task's own rewards).
 
 (a) ours: `grpo-stream up` as a child process, every group trained (no zero-signal filtering,
     as TRL), hub.max_staleness 1 (the default: asynchronous).
@@ -19,7 +22,7 @@ number of steps and prompts per step; fp32 on the CPU.
 What still differs, by design of each: TRL samples with `model.generate`, ours with its own
 KV-cache loop; TRL clips the gradient norm at 1.0 (its default), ours applies its adaptive
 regularizer; ours runs generation and training in separate processes at the same time
-(one thread each), TRL alternates them in one process (one thread unless --trl-threads).
+(their threads from `--threads`), TRL alternates them in one process (`--trl-threads`).
 
 Rates are steady (steps 2..N, see bench/common.py). `--size 10x` builds, deterministically
 and in a temporary directory, a Qwen2 with the tiny model's tokenizer and about 10x its
