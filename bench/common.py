@@ -133,7 +133,7 @@ def pipeline_overrides(
     prompts_per_step: int,
     max_tokens: int,
     lr: float,
-    threads: int,
+    threads: int | str,
     seed: int,
     steps: int,
     temperature: float = 1.0,
@@ -154,7 +154,7 @@ def pipeline_overrides(
         f"hub.replay.capacity={max(256, 2 * prompts_per_step)}",
         f"trainer.lr={lr}",
         f"trainer.checkpoint_every={steps}",
-        f"run.torch_threads={threads}",
+        f"run.torch_threads={json.dumps(threads)}",
         f"run.seed={seed}",
         "algo.advantage.filter_zero_signal=false",
     ]

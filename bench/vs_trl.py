@@ -5,8 +5,11 @@ Both sides get the same model, task, prompts in the same order (prompt i is
 order, not shuffled), group size G, at most 8 completion tokens, temperature 1.0 (no top-k,
 top-p 1.0), learning rate (constant, no warm-up), AdamW (weight decay 0), beta = 0 (no
 reference model), per-sequence-mean loss aggregation (`loss_type="grpo"`, ours
-`algo.loss.aggregation="grpo"`), clip range 0.2 / 0.28, group-std advantages, torch threads,
-number of steps and prompts per step; fp32 on the CPU.
+`algo.loss.aggregation="grpo"`), clip range 0.2 / 0.28, group-std advantages, the whole
+machine (ours `run.torch_threads="auto"`: trainer and generator split the cores, each pinned
+to its own; TRL: torch threads = every core), number of steps and prompts per step; fp32 on
+the CPU. `--task countdown --max-tokens 128` is the long-completion workload (completion
+lengths vary; both sides score with the task's own rewards).
 
 (a) ours: `grpo-stream up` as a child process, every group trained (no zero-signal filtering,
     as TRL), hub.max_staleness 1 (the default: asynchronous).
@@ -19,7 +22,7 @@ number of steps and prompts per step; fp32 on the CPU.
 What still differs, by design of each: TRL samples with `model.generate`, ours with its own
 KV-cache loop; TRL clips the gradient norm at 1.0 (its default), ours applies its adaptive
 regularizer; ours runs generation and training in separate processes at the same time
-(one thread each), TRL alternates them in one process (one thread unless --trl-threads).
+(their threads from `--threads`), TRL alternates them in one process (`--trl-threads`).
 
 Rates are steady (steps 2..N, see bench/common.py). `--size 10x` builds, deterministically
 and in a temporary directory, a Qwen2 with the tiny model's tokenizer and about 10x its
@@ -37,6 +40,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -73,8 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=TINY_MODEL, help="model name or path (tiny-arith)")
     parser.add_argument("--size", choices=["tiny", "10x"], default="tiny")
     parser.add_argument("--sft-steps", type=int, default=200, help="10x: SFT warm-start cap")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--trl-threads", type=int, default=None, help="TRL (default --threads)")
+    parser.add_argument(
+        "--keep-10x", type=Path, default=None, metavar="DIR",
+        help="10x: build the model into DIR once and reuse it on later runs (same seed, steps)",
+    )  # fmt: skip
+    parser.add_argument("--task", choices=["arith", "countdown"], default="arith")
+    parser.add_argument(
+        "--threads", type=threads_arg, default="auto", help="ours: run.torch_threads (auto, or N)"
+    )
+    parser.add_argument(
+        "--trl-threads", type=int, default=None, help="TRL's torch threads (default: all cores)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--last-k", type=int, default=20, help="K of the reward means")
     parser.add_argument(
@@ -97,10 +110,25 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit("--steps must be at least 2 (rates are measured from step 2)")
     if args.group_size < 2:
         raise SystemExit("--group-size must be at least 2 (TRL needs two generations)")
-    if min(args.prompts_per_step, args.max_tokens, args.threads, args.last_k, args.repeats) < 1:
-        raise SystemExit(
-            "--prompts-per-step, --max-tokens, --threads, --last-k, --repeats must be >= 1"
-        )
+    if min(args.prompts_per_step, args.max_tokens, args.last_k, args.repeats) < 1:
+        raise SystemExit("--prompts-per-step, --max-tokens, --last-k, --repeats must be >= 1")
+    if args.trl_threads is not None and args.trl_threads < 1:
+        raise SystemExit("--trl-threads must be >= 1")
+
+
+def threads_arg(text: str) -> int | str:
+    """--threads: "auto" or a whole number >= 1."""
+    if text == "auto":
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise argparse.ArgumentTypeError(f'expected "auto" or a whole number >= 1, got {text!r}')
+
+
+def trl_threads(args: argparse.Namespace) -> int:
+    """TRL's torch threads: --trl-threads, else every core this process may use (torch's
+    own default on a machine to itself)."""
+    return args.trl_threads or len(os.sched_getaffinity(0))
 
 
 # ---- the 10x model ------------------------------------------------------------------------
@@ -145,6 +173,21 @@ def build_10x(tiny: str, out: Path, seed: int, sft_steps: int) -> dict[str, Any]
             "build_s": round(time.perf_counter() - start, 1)}  # fmt: skip
 
 
+def model_10x(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """The 10x model: built in `tmp`, or once into --keep-10x (its build.json says how)."""
+    if args.keep_10x is None:
+        return build_10x(args.model, tmp / "model-10x", args.seed, args.sft_steps)
+    record = args.keep_10x / "build.json"
+    wanted = {"seed": args.seed, "sft_cap": args.sft_steps, "base": args.model}
+    if record.exists():
+        info: dict[str, Any] = json.loads(record.read_text())
+        if info.get("wanted") == wanted:
+            return info
+    info = build_10x(args.model, args.keep_10x, args.seed, args.sft_steps)
+    record.write_text(json.dumps({**info, "wanted": wanted}))
+    return info
+
+
 def count_parameters(model: str) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -158,31 +201,37 @@ def count_parameters(model: str) -> int:
 # ---- TRL ----------------------------------------------------------------------------------
 
 
-def load_problems(n: int) -> list[Any]:
-    """The first `n` problems of the default task, in order (what our hub dispatches)."""
+def load_problems(n: int, task_name: str) -> list[Any]:
+    """The first `n` problems of the task, in order (what our hub dispatches)."""
     from grpo_stream.tasks import make_task
     from grpo_stream.tasks.settings import TaskSettings
 
-    task = make_task(TaskSettings())
+    task = make_task(TaskSettings(name=task_name))
     return [task.problem(i) for i in range(n)]
 
 
-def trl_reward() -> Callable[..., list[float | None]]:
-    """Our exact_match as a TRL reward function (references travel as JSON strings)."""
+def trl_reward(task_name: str) -> Callable[..., list[float | None]]:
+    """The task's rewards (exact_match for arith, countdown's for countdown), combined as
+    our scorer combines them, as a TRL reward function (references travel as JSON)."""
     from grpo_stream.rewards import load_reward
-    from grpo_stream.tasks.settings import RewardSpec
+    from grpo_stream.rewards.registry import combine, reward_specs
+    from grpo_stream.tasks import make_task
+    from grpo_stream.tasks.settings import TaskSettings
 
-    fn = load_reward(RewardSpec(name="exact_match"))
+    settings = TaskSettings(name=task_name)
+    specs = reward_specs(settings, make_task(settings))
+    fns = [load_reward(spec) for spec in specs]
 
-    def exact_match(
+    def task_reward(
         prompts: list[str], completions: list[str], reference: list[str], **_: Any
     ) -> list[float | None]:
-        return [
-            float(fn(c, prompt=p, reference=json.loads(r)))
-            for p, c, r in zip(prompts, completions, reference, strict=True)
-        ]
+        out: list[float | None] = []
+        for p, c, r in zip(prompts, completions, reference, strict=True):
+            ref = json.loads(r)
+            out.append(combine([float(fn(c, prompt=p, reference=ref)) for fn in fns], specs))
+        return out
 
-    return exact_match
+    return task_reward
 
 
 def trl_config(args: argparse.Namespace, output_dir: str) -> Any:
@@ -266,9 +315,9 @@ def run_trl(args: argparse.Namespace, model_path: str) -> tuple[StepSeries, dict
 
     from grpo_stream.models.loading import load_policy, load_tokenizer
 
-    torch.set_num_threads(args.trl_threads or args.threads)
+    torch.set_num_threads(trl_threads(args))
     torch.manual_seed(args.seed)
-    problems = load_problems(args.steps * args.prompts_per_step)
+    problems = load_problems(args.steps * args.prompts_per_step, args.task)
     dataset = Dataset.from_dict(
         {
             "prompt": [p.prompt for p in problems],
@@ -280,7 +329,7 @@ def run_trl(args: argparse.Namespace, model_path: str) -> tuple[StepSeries, dict
         config = trl_config(args, out)
         trainer = GRPOTrainer(
             model=load_policy(model_path, dtype="float32", trainable=True),
-            reward_funcs=[trl_reward()],
+            reward_funcs=[trl_reward(args.task)],
             args=config,
             train_dataset=dataset,
             processing_class=load_tokenizer(model_path),
@@ -310,7 +359,8 @@ def ours_overrides(args: argparse.Namespace, model_path: str) -> list[str]:
         max_tokens=args.max_tokens, lr=args.lr, threads=args.threads, seed=args.seed,
         steps=args.steps,
     )  # fmt: skip
-    return [*same, 'algo.loss.aggregation="grpo"', "algo.loss.beta=0.0", *args.ours_set]
+    task = [] if args.task == "arith" else [f"task.name={json.dumps(args.task)}"]
+    return [*same, *task, 'algo.loss.aggregation="grpo"', "algo.loss.beta=0.0", *args.ours_set]
 
 
 def run_sides(
@@ -355,6 +405,14 @@ def final_line(ours: StepSeries, trl: StepSeries, k: int) -> str:
     )
 
 
+def result_name(args: argparse.Namespace) -> str:
+    """vs_trl_SIZE, with the task and completion length when they are not the defaults."""
+    workload = (
+        "" if (args.task, args.max_tokens) == ("arith", 8) else f"_{args.task}{args.max_tokens}"
+    )
+    return f"vs_trl_{args.size}{workload}"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     check_args(args)
@@ -362,18 +420,23 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vs-trl-") as tmp:
         model_path, model_info = args.model, {"path": args.model}
         if args.size == "10x":
-            model_info = build_10x(args.model, Path(tmp) / "model-10x", args.seed, args.sft_steps)
+            model_info = model_10x(args, Path(tmp))
             model_path = model_info["path"]
             print(f"10x model: {json.dumps(model_info)}", flush=True)
         model_info.setdefault("parameters", count_parameters(model_path))
         result: dict[str, Any] = {"args": vars(args), "model": model_info, "env": environment()}
+        result["threads"] = {"ours": args.threads, "trl": trl_threads(args)}
+        print(f"threads: ours run.torch_threads={args.threads}, TRL {trl_threads(args)}")
         runs = run_sides(args, model_path, Path(tmp), result)
     print_summary(runs, k)
     result["summary"] = {s.name: s.summary(k) for s in runs}
     result["series"] = [s.to_json() for s in runs]
     if not args.no_save:
-        stem = RESULTS_DIR / f"vs_trl_{args.size}"
-        title = f"GRPO on arith, {model_info['parameters'] / 1e6:.1f}M params, CPU"
+        stem = RESULTS_DIR / result_name(args)
+        title = (
+            f"GRPO on {args.task}, {model_info['parameters'] / 1e6:.1f}M params, "
+            f"{args.max_tokens} tokens, CPU"
+        )
         plot_rewards(stem.with_suffix(".png"), runs, title)
         save_json(stem.with_suffix(".json"), result)
         print(f"saved {stem.relative_to(REPO_ROOT)}.json/.png")

@@ -13,7 +13,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from grpo_stream.algo.settings import AlgoSettings
 from grpo_stream.envs.settings import EnvSettings, check_env_config
@@ -43,8 +50,10 @@ class RunSettings(BaseModel):
     """Trainer steps before the run ends."""
     seed: int = 0
     """Seed for torch, sampling and the prompt stream."""
-    torch_threads: int = Field(1, ge=1)
-    """torch intra-op threads per service process (CPU)."""
+    torch_threads: int | Literal["auto"] = 1
+    """torch intra-op threads per torch service process (CPU): a number for each, or "auto":
+    `up` splits its machine's cores among the trainer and generators it starts there, each
+    pinned to its own (grpo_stream.launch.threads)."""
     sinks: list[Literal["tensorboard", "wandb"]] = []
     """Metric sinks beside metrics.jsonl (TensorBoard event files, Weights & Biases)."""
     restarts: int = Field(3, ge=0)
@@ -65,6 +74,15 @@ class RunSettings(BaseModel):
     """Stop the run when the trainer got no batch for this many seconds (None: never)."""
     console_every: int = Field(10, ge=1)
     """`up` prints a trainer.step line every this many steps (metrics.jsonl has them all)."""
+
+    @field_validator("torch_threads", mode="before")
+    @classmethod
+    def _threads(cls, value: object) -> object:
+        if value == "auto" or (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        ):
+            return value
+        raise ValueError(f'must be a whole number >= 1 or "auto", got {value!r}')
 
 
 class ModelSettings(BaseModel):

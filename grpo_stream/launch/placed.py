@@ -20,9 +20,13 @@ from grpo_stream.config import RunConfig
 from grpo_stream.launch.cluster import LaunchCluster, LaunchHost, config_overrides, place
 from grpo_stream.launch.placement import DEVICE_ORDER, Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
+from grpo_stream.launch.threads import run_shares, size_specs
 from grpo_stream.launch.up import hub_service, security_args, service_argv
 
 TORCHRUN = ["-m", "torch.distributed.run"]
+SAME_MACHINE = ("local", "prefix")
+"""Launchers that start services on the machine running `up` (prefix: a netns, a container),
+whose cores `run.torch_threads = "auto"` splits."""
 
 
 def torchrun_argv(
@@ -123,6 +127,11 @@ def placed_services(
             "evaluator-0", "evaluator", argv, env=placement.env(None), restarts_left=n
         )
         out.append((_via(hosts, first, spec), None))
+    on_this_machine = [(s, slot.ranks if slot and s.service == "trainer" else 1) for s, slot in out
+                       if s.host == "local" or hosts[s.host].launcher in SAME_MACHINE]  # fmt: skip
+    if cfg.run.torch_threads == "auto":
+        shares = run_shares(Path(cfg.run.run_dir), cfg.generator.count)
+        size_specs(cfg.run.torch_threads, on_this_machine, shares=shares)
     return out
 
 

@@ -29,6 +29,7 @@ import structlog
 from grpo_stream.config import ConfigError, RunConfig, config_from_dict
 from grpo_stream.exits import EXIT_CONFIG_CHANGED
 from grpo_stream.hub.auth import load_secret, sign
+from grpo_stream.launch import threads
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
@@ -338,7 +339,8 @@ def run_service(join: Join, body: Callable[[Session], int], heavy: bool = True) 
     code, or `EXIT_CONFIG_CHANGED` when a Welcome with another config was refused."""
     stop = StopFlag().install()
     if heavy:
-        import torch
+        threads.pin_from_env(os.environ)  # before torch makes its thread pools
+        import torch  # noqa: F401
         import transformers  # noqa: F401
     session = Session(join, stop)
     try:
@@ -347,7 +349,8 @@ def run_service(join: Join, body: Callable[[Session], int], heavy: bool = True) 
         session.close("join failed")  # closes the sockets, or the process could not exit
         raise
     if heavy:
-        torch.set_num_threads(cfg.run.torch_threads)
+        threads.set_torch_threads(threads.plan_from_env(cfg.run.torch_threads, os.environ))
+        log.info("service.threads", **threads.current())
     reason = "error"  # body raised
     try:
         code = body(session)

@@ -64,6 +64,52 @@ def test_vs_trl_overrides_are_valid_run_settings(bench: Callable[[str], ModuleTy
     )
 
 
+def test_vs_trl_runs_ours_auto_and_trl_on_every_core(bench: Callable[[str], ModuleType]) -> None:
+    import os
+
+    mod = bench("vs_trl")
+    args = mod.build_parser().parse_args([])
+    assert load_config(None, mod.ours_overrides(args, "m")).run.torch_threads == "auto"
+    assert mod.trl_threads(args) == len(os.sched_getaffinity(0))
+
+
+def test_vs_trl_long_workload_sets_the_task_for_both_sides(
+    bench: Callable[[str], ModuleType],
+) -> None:
+    mod = bench("vs_trl")
+    args = mod.build_parser().parse_args(["--task", "countdown", "--max-tokens", "128"])
+    cfg = load_config(None, mod.ours_overrides(args, "m"))
+    assert (cfg.task.name, cfg.generator.max_tokens) == ("countdown", 128)
+    problem = mod.load_problems(1, "countdown")[0]
+    reference = json.dumps(dict(problem.reference))
+    answer = (
+        f"<answer> {_solve(problem.reference['numbers'], problem.reference['target'])} </answer>"
+    )
+    wrong = "<answer> 1 + 1 + 1 + 1 </answer>"
+    scores = mod.trl_reward("countdown")([problem.prompt] * 2, [wrong, answer], [reference] * 2)
+    assert scores[1] == 1.0 and scores[0] is not None and scores[0] < 1.0
+
+
+def _solve(numbers: list[int], target: int) -> str:
+    """An expression over some of `numbers` (each once) equal to `target`, by brute force."""
+    import itertools
+    from fractions import Fraction
+
+    for size in range(1, len(numbers) + 1):
+        for picked in itertools.permutations(numbers, size):
+            for ops in itertools.product("+-*/", repeat=size - 1):
+                text, value = str(picked[0]), Fraction(picked[0])
+                for op, n in zip(ops, picked[1:], strict=True):
+                    if op == "/" and n == 0:
+                        break
+                    value = {"+": value + n, "-": value - n, "*": value * n, "/": value / n}[op]
+                    text = f"({text} {op} {n})"
+                else:
+                    if value == target:
+                        return text
+    raise AssertionError(f"no expression over {numbers} makes {target}")
+
+
 def test_pipeline_trains_every_group(bench: Callable[[str], ModuleType]) -> None:
     mod = bench("vs_trl")
     cfg = load_config(None, mod.ours_overrides(mod.build_parser().parse_args([]), "m"))

@@ -1,0 +1,224 @@
+"""Torch threads of the services `up` starts on its machine: a number, or sized from the cores.
+
+`run.torch_threads = N`: every torch service (trainer ranks, generators, evaluator) runs N
+intra-op threads, as before. `run.torch_threads = "auto"`: `up` splits the cores it may use
+(its CPU affinity) among the torch services it starts on its own machine, in proportion to
+each one's busy share (the fraction of the run's wall time that service computes: measured
+from the run directory's metrics.jsonl when the run resumes, else `BUSY_SHARES`), at least
+one thread each; a service with a whole
+number of cores to itself is pinned to them (`os.sched_setaffinity`), so the trainer's and
+the generators' OpenMP pools never share a core. More torch services than cores: one thread
+each, unpinned (the kernel time-slices them).
+
+Hub and scorers run no torch ops: they are neither sized nor pinned, and take CPU where the
+kernel finds it. A service that `up` did not size (started by hand with `grpo-stream run`,
+or on another host of a cluster) runs with `auto` as many threads as it has cores.
+
+The plan travels to each service as environment (`ThreadPlan.env`): OMP_NUM_THREADS and
+MKL_NUM_THREADS (read by the OpenMP and MKL runtimes when they start), and
+GRPO_STREAM_TORCH_THREADS / GRPO_STREAM_INTEROP_THREADS / GRPO_STREAM_CPUS, which the
+service applies at start-up (`apply_threads`) before torch runs its first op.
+
+Invariants: every torch service gets at least one thread; pinned CPU sets are disjoint and
+lie inside the cores `up` may use; the threads of pinned services never exceed the cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from grpo_stream.launch.supervisor import ServiceSpec
+
+TORCH_SERVICES = ("trainer", "generator", "evaluator")
+"""Services that run torch ops on the CPU (the hub and the scorers do not)."""
+BUSY_SHARES: Mapping[str, float] = {"trainer": 1.0, "generator": 1.0, "evaluator": 0.25}
+"""Busy share per service (fraction of the run's wall time it computes). The trainer and the
+generators of an asynchronous run are both busy most of the time (the trainer waits ~0-10%
+for a batch, see metrics.jsonl's trainer_wait_s; the generator ~0-15% for weights, its
+heartbeat's wait_s); the evaluator runs once every `eval.every` steps."""
+MIN_SHARE = 0.05
+"""The smallest busy share a measurement gives a service (a service never gets no core)."""
+MEASURED_ROWS = 200
+"""Steps of a resumed run's metrics that its busy shares are measured over (the latest)."""
+ENV_THREADS = "GRPO_STREAM_TORCH_THREADS"
+ENV_INTEROP = "GRPO_STREAM_INTEROP_THREADS"
+ENV_CPUS = "GRPO_STREAM_CPUS"
+
+TorchThreads = int | Literal["auto"]
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """One service's threads: torch intra-op, inter-op, and the CPUs it is pinned to."""
+
+    threads: int
+    interop: int = 1
+    cpus: tuple[int, ...] = ()
+    """CPU ids of the service's affinity; empty: not pinned."""
+
+    def env(self) -> dict[str, str]:
+        """The environment that carries this plan to the service."""
+        n = str(self.threads)
+        env = {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, ENV_THREADS: n}
+        env[ENV_INTEROP] = str(self.interop)
+        if self.cpus:
+            env[ENV_CPUS] = ",".join(str(c) for c in self.cpus)
+        return env
+
+
+def split_cores(
+    cores: Sequence[int], services: Sequence[str], shares: Mapping[str, float]
+) -> list[ThreadPlan]:
+    """Threads (and pinned CPUs) for each torch service in `services` (service kinds, in
+    start order) from the CPU ids `cores`: proportional to the services' busy `shares`,
+    largest remainders first, at least one each. Pure: no look at the machine."""
+    if not services:
+        return []
+    weights = [shares[s] for s in services]
+    if len(services) > len(cores) or min(weights) <= 0:
+        return [ThreadPlan(threads=1) for _ in services]
+    exact = [len(cores) * w / sum(weights) for w in weights]
+    counts = [max(1, int(x)) for x in exact]
+    by_remainder = sorted(range(len(services)), key=lambda i: counts[i] - exact[i])
+    for i in by_remainder:  # most under-served first, until every core is given
+        if sum(counts) >= len(cores):
+            break
+        counts[i] += 1
+    while sum(counts) > len(cores):  # the at-least-one floor over-gave: take from the largest
+        counts[counts.index(max(counts))] -= 1
+    plans, start = [], 0
+    for n in counts:
+        plans.append(ThreadPlan(threads=n, cpus=tuple(cores[start : start + n])))
+        start += n
+    return plans
+
+
+def measured_shares(rows: Sequence[Mapping[str, Any]], generators: int) -> dict[str, float]:
+    """Busy shares of trainer and generators from a run's metrics rows (metrics.jsonl): the
+    trainer is busy but for its `trainer_wait_s`, the generators but for the growth of their
+    summed `gen_wait_s`, over the wall time from the first row to the last; at least
+    MIN_SHARE each. Empty when there are fewer than two rows (nothing measured)."""
+    if len(rows) < 2 or generators < 1:
+        return {}
+    span = float(rows[-1]["wall_time"]) - float(rows[0]["wall_time"])
+    if span <= 0:
+        return {}
+    trainer_wait = sum(float(r["trainer_wait_s"]) for r in rows[1:])
+    gen_wait = float(rows[-1]["gen_wait_s"]) - float(rows[0]["gen_wait_s"])
+    return {
+        "trainer": max(MIN_SHARE, min(1.0, 1.0 - trainer_wait / span)),
+        "generator": max(MIN_SHARE, min(1.0, 1.0 - gen_wait / (span * generators))),
+    }
+
+
+def run_shares(run_dir: Path, generators: int) -> dict[str, float]:
+    """BUSY_SHARES, with the trainer's and generators' measured in the run directory's
+    metrics when it has them (a resumed run: its last `MEASURED_ROWS` steps)."""
+    from grpo_stream.training.metrics import read_metrics
+
+    rows = read_metrics(run_dir)[-MEASURED_ROWS:]
+    return {**BUSY_SHARES, **measured_shares(rows, generators)}
+
+
+def fixed_plan(threads: int) -> ThreadPlan:
+    """`run.torch_threads = N`: N threads, unpinned."""
+    return ThreadPlan(threads=threads)
+
+
+def local_cores() -> list[int]:
+    """The CPU ids this process may run on (its affinity: taskset, cgroup cpusets)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def service_plans(
+    setting: TorchThreads,
+    services: Sequence[str],
+    cores: Sequence[int] | None = None,
+    shares: Mapping[str, float] = BUSY_SHARES,
+) -> list[ThreadPlan | None]:
+    """One plan per service of `services` (kinds, in start order): None for services without
+    torch; a fixed plan for a number; for auto the split of `cores` (default: this
+    machine's) by `shares`."""
+    torch_kinds = [s for s in services if s in TORCH_SERVICES]
+    if setting == "auto":
+        sized = iter(split_cores(cores or local_cores(), torch_kinds, shares))
+    else:
+        sized = iter([fixed_plan(setting)] * len(torch_kinds))
+    return [next(sized) if s in TORCH_SERVICES else None for s in services]
+
+
+def node_plan(plans: Sequence[ThreadPlan]) -> ThreadPlan:
+    """The plan of one process group sharing an environment (a trainer node's torchrun
+    ranks): each rank the fewest threads of the group, all pinned to the group's CPUs."""
+    cpus = tuple(c for p in plans for c in p.cpus) if all(p.cpus for p in plans) else ()
+    return ThreadPlan(threads=min(p.threads for p in plans), cpus=cpus)
+
+
+def size_specs(
+    setting: TorchThreads,
+    specs: Sequence[tuple[ServiceSpec, int]],
+    cores: Sequence[int] | None = None,
+    shares: Mapping[str, float] = BUSY_SHARES,
+) -> None:
+    """With auto, add each torch service's thread plan to its environment (a number reaches
+    the services in the config). `specs`: the services this machine starts, each with its
+    process count (a trainer node: its ranks, else 1)."""
+    if setting != "auto":
+        return
+    kinds = [spec.service for spec, n in specs for _ in range(n)]
+    plans = iter(service_plans(setting, kinds, cores, shares))
+    for spec, n in specs:
+        group = [next(plans) for _ in range(n)]
+        sized = [p for p in group if p is not None]
+        if sized:
+            spec.env = {**spec.env, **node_plan(sized).env()}
+
+
+def plan_from_env(setting: TorchThreads, environ: Mapping[str, str]) -> ThreadPlan:
+    """The plan a starting service applies: what `up` put in its environment, else the
+    setting (auto: every core this process may use)."""
+    if ENV_THREADS in environ:
+        cpus = environ.get(ENV_CPUS, "")
+        return ThreadPlan(
+            threads=int(environ[ENV_THREADS]),
+            interop=int(environ.get(ENV_INTEROP, "1")),
+            cpus=tuple(int(c) for c in cpus.split(",") if c),
+        )
+    if setting == "auto":
+        return ThreadPlan(threads=len(local_cores()))
+    return fixed_plan(setting)
+
+
+def pin_from_env(environ: Mapping[str, str]) -> None:
+    """Pin this process to the CPUs `up` gave it, if any (before torch starts its thread
+    pools: their threads inherit the affinity of the thread that creates them)."""
+    cpus = [int(c) for c in environ.get(ENV_CPUS, "").split(",") if c]
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def set_torch_threads(plan: ThreadPlan) -> None:
+    """torch's intra-op and inter-op pool sizes (inter-op only before its first use)."""
+    import torch
+
+    torch.set_num_threads(plan.threads)
+    if torch.get_num_interop_threads() != plan.interop:
+        # the inter-op pool may already have run a task: then it keeps its size
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_interop_threads(plan.interop)
+
+
+def current() -> dict[str, int | list[int]]:
+    """This process's torch threads and CPU affinity as they are (for the start-up log)."""
+    import torch
+
+    return {
+        "threads": torch.get_num_threads(),
+        "interop": torch.get_num_interop_threads(),
+        "cpus": sorted(os.sched_getaffinity(0)),
+    }
