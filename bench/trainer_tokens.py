@@ -6,18 +6,25 @@ x2.5; randomly initialised, no warm start: the point is speed), loaded in fp32.
 The batches: --sequences sequences (16 groups of 8 by default: 128) with prompts of 8..24
 tokens and completion lengths drawn log-normal (median --median, sigma --sigma) clipped to
 --min-len..--max-len (defaults 64, 1.0, 16..512: most completions are short, a few long).
-Both sides train the same batches, one after the other step by step (so load changes on the
-machine hit both alike), with the same token budget trainer.micro_batch_tokens and threads:
+The sides train the same batches, one after the other step by step (so load changes on the
+machine hit them alike), with the same token budget trainer.micro_batch_tokens and threads:
 - padded: one sequence per row, right-padded (trainer.packing = false);
-- packed: sequences first-fit into rows (trainer.packing = true).
+- packed: sequences first-fit into rows (trainer.packing = true);
+- checkpointed: packed, with trainer.gradient_checkpointing = true (its step time against
+  packed's is the time cost of activation checkpointing).
 tokens/s counts real tokens (prompt + completion), never padding; a warm-up step on a small
-batch first.
+batch first. One timed step per side by default (--steps): at 128 sequences a padded step
+of the 10x model takes minutes on two CPU cores.
 
-Memory: two child processes (checkpointing off / on), each trains one warm-up step on a
-small batch (so the optimizer state exists), then the measured batch while a thread samples
-its RSS every 5 ms; activation memory = peak RSS during the step - RSS before it.
+Memory: two child processes (checkpointing off / on), run at the same time (each its own
+process, so each RSS is its own; 1 torch thread each), each trains one warm-up step on a
+small batch (so the optimizer state exists), then the measured packed batch while a thread
+samples its RSS every 5 ms; activation memory = peak RSS during the step - RSS before it.
+Their step times are not compared (they share the cores): the time cost comes from the
+interleaved steps above.
 
-Run: flock /tmp/grpo-bench.lock python -m bench.trainer_tokens [--steps 2] [--threads 2]
+Run: flock /tmp/grpo-bench.lock python -m bench.trainer_tokens [--steps 1] [--threads 2]
+[--model PATH: a 10x model built before, skips the build]
 Last line: `ratio packed/padded tokens/s: R`.
 """
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--median", type=float, default=64.0, help="log-normal median length")
     p.add_argument("--sigma", type=float, default=1.0, help="log-normal sigma")
-    p.add_argument("--steps", type=int, default=2, help="timed steps per side")
+    p.add_argument("--steps", type=int, default=1, help="timed steps per side")
+    p.add_argument("--model", default=None, help="an existing 10x model (skip the build)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (both sides)")
     p.add_argument("--micro-batch-tokens", type=int, default=4096)
     p.add_argument("--no-memory", action="store_true", help="skip the checkpointing part")
@@ -113,9 +122,11 @@ def throughput(args: argparse.Namespace, model: str, tmp: Path) -> dict[str, Any
     """Both sides, step by step on the same batches: seconds per step and tokens/s."""
     from grpo_stream.training.batch import to_tensors
 
+    ckpt = ("trainer.packing=true", "trainer.gradient_checkpointing=true")
     sides = {
         "padded": make_state(args, model, tmp / "padded", "trainer.packing=false"),
         "packed": make_state(args, model, tmp / "packed", "trainer.packing=true"),
+        "checkpointed": make_state(args, model, tmp / "checkpointed", *ckpt),
     }
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     tokens = 0
@@ -142,6 +153,8 @@ def throughput(args: argparse.Namespace, model: str, tmp: Path) -> dict[str, Any
     out["padding_fraction"] = {
         name: 1 - batch_tokens(batch) / out[name]["token_slots_last_step"] for name in sides
     }
+    packed_s, ckpt_s = sum(seconds["packed"]), sum(seconds["checkpointed"])
+    out["checkpointing_time_cost"] = ckpt_s / packed_s - 1
     return out
 
 
@@ -176,20 +189,26 @@ def child_memory(args: argparse.Namespace) -> None:
 
 
 def memory(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    """Activation memory with checkpointing off and on: two child processes at once."""
+    children: dict[str, subprocess.Popen[str]] = {}
     for name, flag in (("plain", []), ("checkpointed", ["--checkpointing"])):
         cmd = [sys.executable, "-m", "bench.trainer_tokens", "--child-memory", model, *flag]
-        cmd += ["--threads", str(args.threads), "--sequences", str(args.sequences)]
+        cmd += ["--threads", "1", "--sequences", str(args.sequences)]
         cmd += ["--max-len", str(args.max_len), "--min-len", str(args.min_len)]
         cmd += ["--median", str(args.median), "--sigma", str(args.sigma)]
         cmd += ["--micro-batch-tokens", str(args.micro_batch_tokens), "--seed", str(args.seed)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"memory child ({name}) failed: {done.stderr[-2000:]}")
-        out[name] = json.loads(done.stdout.strip().splitlines()[-1])
-    plain, ckpt = out["plain"], out["checkpointed"]
-    out["activation_reduction"] = 1 - ckpt["activation_mb"] / plain["activation_mb"]
-    out["time_cost"] = ckpt["step_s"] / plain["step_s"] - 1
+        children[name] = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    out: dict[str, Any] = {}
+    for name, child in children.items():
+        stdout, stderr = child.communicate()
+        if child.returncode != 0:
+            raise SystemExit(f"memory child ({name}) failed: {stderr[-2000:]}")
+        out[name] = json.loads(stdout.strip().splitlines()[-1])
+    out["activation_reduction"] = (
+        1 - out["checkpointed"]["activation_mb"] / out["plain"]["activation_mb"]
+    )
     return out
 
 
@@ -200,29 +219,38 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    from bench.vs_trl import build_10x
+    from bench.vs_trl import build_10x, count_parameters
 
     torch.set_num_threads(args.threads)
+    start, load_start = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        info = build_10x(TINY_MODEL, Path(tmp) / "model-10x", args.seed, sft_steps=0)
+        if args.model is None:
+            info = build_10x(TINY_MODEL, Path(tmp) / "model-10x", args.seed, sft_steps=0)
+        else:
+            info = {"path": args.model, "parameters": count_parameters(args.model)}
         print(f"10x model: {info['parameters']} parameters", flush=True)
         result = throughput(args, info["path"], Path(tmp))
         mem = None if args.no_memory else memory(args, info["path"])
     pad, pack = result["padded"], result["packed"]
     ratio = pack["tokens_per_s"] / pad["tokens_per_s"]
-    print(f"{'side':8} {'tokens/s':>10} {'step s':>16} {'micro-batches':>14} {'padding':>8}")
-    for name in ("padded", "packed"):
+    print(f"{'side':12} {'tokens/s':>10} {'step s':>16} {'micro-batches':>14} {'padding':>8}")
+    for name in ("padded", "packed", "checkpointed"):
         r = result[name]
         print(
-            f"{name:8} {r['tokens_per_s']:10.1f} {r['step_s']!s:>16} "
+            f"{name:12} {r['tokens_per_s']:10.1f} {r['step_s']!s:>16} "
             f"{r['micro_batches_last_step']:14d} {result['padding_fraction'][name]:8.1%}"
         )
+    cost = result["checkpointing_time_cost"]
+    print(f"activation checkpointing: step time {cost:+.0%} against packed (same batches)")
     if mem is not None:
         print(
             f"activation memory (packed, one step): plain {mem['plain']['activation_mb']:.0f} MB"
             f" / checkpointed {mem['checkpointed']['activation_mb']:.0f} MB: "
-            f"{mem['activation_reduction']:.0%} lower, step time {mem['time_cost']:+.0%}"
+            f"{mem['activation_reduction']:.0%} lower"
         )
+    wall = time.perf_counter() - start
+    load = [round(load_start, 1), round(os.getloadavg()[0], 1)]
+    print(f"wall {wall:.0f} s, 1-min load average {load[0]} at the start, {load[1]} at the end")
     save_json(
         RESULTS_DIR / "trainer_tokens.json",
         {
@@ -231,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
             "throughput": result,
             "memory": mem,
             "ratio": ratio,
+            "wall_s": round(wall, 1),
+            "load_average_start_end": load,
             "environment": environment(),
         },
     )

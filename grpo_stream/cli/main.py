@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from grpo_stream.cli import eval as eval_cmd
@@ -27,7 +29,14 @@ app.command("export")(export_cmd.export)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        from grpo_stream.cli.service_exit import end_service_process, is_service_process
+
+        if isinstance(done.code, int | None) and is_service_process(sys.argv):
+            end_service_process(done.code or 0)  # a service: no interpreter teardown
+        raise
 
 
 if __name__ == "__main__":
