@@ -229,3 +229,24 @@ def test_frozen_parameters_are_neither_copied_nor_restored(tiny_model: Any) -> N
         if p.requires_grad:
             assert torch.equal(p.detach(), w)
     assert torch.equal(frozen[0].detach(), weights[0] + 1.0)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_check_finds_one_non_finite_element_in_any_gradient(tiny_model: Any, bad: float) -> None:
+    guard = RollbackGuard(RollbackSettings())
+    params = list(tiny_model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    grad = params[-1].grad
+    assert grad is not None
+    grad.view(-1)[grad.numel() // 2] = bad
+    assert not guard.check(torch.tensor(1.0), params)
+    assert guard.last_cause == "non_finite_grad"
+
+
+def test_check_passes_finite_gradients_too_large_to_square(tiny_model: Any) -> None:
+    guard = RollbackGuard(RollbackSettings())
+    params = list(tiny_model.parameters())
+    for p in params:
+        p.grad = torch.full_like(p, -3.0e38)  # finite; its square overflows float32
+    assert guard.check(torch.tensor(1.0), params)
