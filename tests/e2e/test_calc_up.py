@@ -38,8 +38,9 @@ def test_every_episode_group_ends_once_and_each_step_trains_whole_groups(calc_ru
     assert counters["failed"] == 0 and counters["duplicates_dropped"] == 0
     rows = read_metrics(calc_run)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert counters["trained"] == GROUPS * STEPS
     for row in rows:
-        assert row["groups_trained"] == GROUPS
+        assert row["groups_trained"] == GROUPS * row["step"]  # a running total
         assert row["sequences"] == GROUPS * EPISODES  # one trajectory per episode
         assert 0.0 <= row["reward_mean"] <= 1.0 and math.isfinite(row["reward_mean"])
 
