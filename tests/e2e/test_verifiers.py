@@ -17,7 +17,7 @@ from grpo_stream.training.metrics import read_metrics
 
 from .conftest import SMALL, up_command
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # verifiers imports: +1 min loaded
 
 STEPS = 2
 ENVS = Path(__file__).parents[1] / "unit" / "envs"
@@ -39,7 +39,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")])
     result = subprocess.run(
         up_command(run_dir, STEPS, *SETTINGS, settings=SMALL),
-        capture_output=True, text=True, timeout=480, env={**os.environ, "PYTHONPATH": path},
+        capture_output=True, text=True, timeout=540, env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
