@@ -355,7 +355,9 @@ def summarise(runs: list[dict[str, Any]], initial: float, name: str, args: dict[
     plot(RESULTS_DIR / f"{name}.png", runs, initial)
     print(f"wrote {out}")
     four = table.get("s4_r1", {})
-    best = max(v[0] for v in four.values()) if four else math.nan
+    best = max(v[0] for v in four.values()) if four and on_gain > 0 else math.nan
+    if not on_gain > 0:
+        print(f"on-policy gain {on_gain:+.4f} <= 0: the gain ratios mean nothing here")
     print(f"staleness4 best/onpolicy gain ratio: {best:.3f}")
 
 
