@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import torch
     import zmq
 
-PROTO_VERSION = 3
+PROTO_VERSION = 4
 """The protocol's major version; a peer with another one is refused."""
 
 _MAX_NDIM = 32

@@ -69,9 +69,9 @@ def test_unknown_kind_is_refused() -> None:
 
 def test_other_major_version_names_both_versions() -> None:
     with pytest.raises(ProtocolError) as info:
-        decode(_with_header(_frames(_scored()), proto=2))  # the protocol before version 3
+        decode(_with_header(_frames(_scored()), proto=PROTO_VERSION - 1))  # the one before
     assert info.value.code == "version"
-    assert str(info.value) == "peer speaks protocol 2, we speak 3"
+    assert str(info.value) == f"peer speaks protocol {PROTO_VERSION - 1}, we speak {PROTO_VERSION}"
 
 
 def test_header_without_proto_is_refused() -> None:
