@@ -30,7 +30,7 @@ PRESETS: dict[str, list[str]] = {
         "env.max_episode_tokens=64",
         "trainer.lr=5e-4",
         "hub.groups_per_step=8",
-        "run.max_steps=60",
+        "run.max_steps=120",
     ],
 }
 
