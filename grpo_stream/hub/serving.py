@@ -67,7 +67,13 @@ class BatchDesk:
         self.ledger.observe_trainer(request.trainer_version)
         if self.last is not None and self.last.answers(request):
             self.send(identity, self.last.shard(request.rank))  # idempotent: the same batch
-            log.info("batch.resent", step=request.step, rank=request.rank, seq=self.last.seq)
+            log.info(
+                "batch.resent",
+                step=request.step,
+                rank=request.rank,
+                seq=self.last.seq,
+                groups=self.last.groups,
+            )
             return
         self._went_back(request.step)
         if any(i == identity and r == request for i, r in self.pending):

@@ -177,7 +177,11 @@ def assert_accounting(run_dir: Path, steps: int, groups_per_step: int = 4) -> di
     counters: dict[str, int] = json.loads((run_dir / "hub" / "counters.json").read_text())
     done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed", "discarded"))
     assert counters["dispatched"] == done + counters["in_progress"], counters
-    sent = [g for e in hub_events(run_dir, "batch.sent") for g in e["groups"]]
+    # each served step once, by its sequence number: a step journaled just before a kill was
+    # never logged as sent; the restarted hub logs it as resent when the trainer asks again
+    served = {e["seq"]: e["groups"] for e in hub_events(run_dir, "batch.resent")}
+    served |= {e["seq"]: e["groups"] for e in hub_events(run_dir, "batch.sent")}
+    sent = [g for groups in served.values() for g in groups]
     assert len(sent) == len(set(sent)), "a group reached the trainer twice"
     assert len(sent) >= steps * groups_per_step
     return counters
