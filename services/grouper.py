@@ -247,8 +247,7 @@ class Grouper:
             return
         if not self.ledger.accept_rollout(msg.group_id):
             return
-        oldest = self.ledger.oldest_version(msg.policy_version, msg.token_versions.tolist())
-        if self.ledger.is_stale(oldest):
+        if self.ledger.is_stale(msg.policy_version):  # the oldest token's (guard checked)
             self.ledger.finish(msg.group_id, "stale")
             return
         self.rollouts[msg.group_id] = msg

@@ -16,8 +16,9 @@ Versions and staleness have this one owner. The trainer's version is written onl
 `observe_trainer` (what its batch requests name) and `step_served` (the version it will name
 next, once a step went out); "stale" has one formula, `staleness` / `is_stale`, which the
 replay buffer, the batch desk, the rollout gate and the step statistics ask, and a rollout
-counts from its oldest token's version (`oldest_version`); the highest
-version a trainer can plausibly name is `plausible_trainer_version`.
+counts from its `policy_version`, which is its oldest token's version (hub.guard refuses a
+rollout where it is not); the highest version a trainer can plausibly name is
+`plausible_trainer_version`.
 
 The gate: a prompt dispatched now sits behind `in_pipeline` others; those are consumed
 `groups_per_step` per trainer step starting at `next_version`, so it will be trained at
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -87,13 +87,6 @@ class Ledger:
     def is_stale(self, version: int) -> bool:
         """True if what `version` generated is too old to train at the trainer's version."""
         return self.staleness(version) > self.max_staleness
-
-    def oldest_version(self, policy_version: int, token_versions: Sequence[int]) -> int:
-        """The version a rollout's staleness counts from: its oldest token's. With in-flight
-        updates one completion spans several versions (`Rollout.token_versions`); the wire's
-        policy_version is their minimum (hub.guard checks), so a swap mid-batch never makes
-        old tokens look fresh."""
-        return min(policy_version, *token_versions) if token_versions else policy_version
 
     def plausible_trainer_version(self) -> int:
         """The highest version a batch request can name: a trainer resumed from an older

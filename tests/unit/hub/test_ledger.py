@@ -165,14 +165,6 @@ def test_the_trainers_version_survives_a_checkpoint() -> None:
     assert (restored.trainer_version, restored.next_version) == (7, 8)
 
 
-def test_a_rollout_whose_tokens_span_versions_is_as_stale_as_its_oldest_token() -> None:
-    ledger = make(staleness=1)
-    ledger.observe_trainer(5)
-    oldest = ledger.oldest_version(3, [3, 5])  # sampled by 3, then swapped to 5 in flight
-    assert oldest == 3 and ledger.is_stale(oldest)
-    assert ledger.oldest_version(4, []) == 4  # one version sampled every token
-
-
 def test_held_by_counts_what_each_generator_is_generating_through_its_leases() -> None:
     ledger = make(gps=8, staleness=1)
     taken = ledger.take_for_generation("gen-a", 3, now=0.0)
