@@ -1,7 +1,7 @@
 """Weights broadcast benchmark: from the trainer announcing a version to every generator having it.
 
 This process plays the trainer: a real `WeightServer` publishes each version (snapshot, then
-announce on PUB). N receiver processes (this module with `--role receiver`, tracked by pid)
+announce on PUB). N receiver processes (`bench.weights_receiver`, tracked by pid)
 play generators: each follows the announcements with a real `WeightsWatcher`, fetches the
 announced version with `fetch_weights` and applies it:
 
@@ -43,10 +43,11 @@ if TYPE_CHECKING:
 
 GIB = float(1 << 30)
 REPORT_TIMEOUT_S = 300.0
-"""A round whose receivers have not all reported within this time fails the benchmark."""
+"""A round whose receivers have not all reported within this time fails the benchmark (and a
+receiver that hears no new version for this long ends)."""
 
 
-def qwen2_like_shapes(
+def qwen2_likeshapes_of(
     layers: int = 24,
     hidden: int = 896,
     intermediate: int = 4864,
@@ -98,102 +99,6 @@ def probe(tensors: list[torch.Tensor]) -> float:
     return float(sum(float(t.reshape(-1)[0]) for t in tensors if t.numel()))
 
 
-# ---- receiver side (one generator) ---------------------------------------------------------
-
-
-class SyntheticTarget:
-    """Preallocated arrays (the wire dtype) that a received version is copied into."""
-
-    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], dtype: str) -> None:
-        import numpy as np
-
-        from grpo_stream.protocols.codec import wire_dtypes
-
-        wire = wire_dtypes()["bfloat16" if dtype == "bf16" else "float32"]
-        self.arrays = {name: np.zeros(shape, dtype=wire) for name, shape in shapes}
-
-    def apply(self, named: list[tuple[str, Any]], version: int) -> float:
-        """Check names and shapes of the whole version, then copy; returns the probe."""
-        import numpy as np
-
-        if {n for n, _ in named} != set(self.arrays):
-            raise ValueError(f"version {version}: names differ from the preallocated set")
-        for name, src in named:
-            if tuple(src.shape) != self.arrays[name].shape:
-                raise ValueError(f"version {version}: {name} has shape {tuple(src.shape)}")
-        for name, src in named:
-            np.copyto(self.arrays[name], src)
-        return float(sum(float(a.reshape(-1)[0]) for a in self.arrays.values() if a.size))
-
-
-class ModelTarget:
-    """A tiny-model HFEngine; a version is applied with `load_weights`."""
-
-    def __init__(self, model_path: str) -> None:
-        from grpo_stream.engines.hf import HFEngine
-        from grpo_stream.models.loading import load_policy, load_tokenizer
-
-        policy = load_policy(model_path, dtype="float32", trainable=False)
-        self.engine = HFEngine(policy, load_tokenizer(model_path))
-
-    def apply(self, named: list[tuple[str, Any]], version: int) -> float:
-        self.engine.load_weights(named, version)
-        return probe(list(self.engine.model.parameters()))
-
-
-def run_receiver(args: argparse.Namespace) -> None:
-    """Follow announcements; fetch, apply and report each new version until the last."""
-    import zmq
-
-    from grpo_stream.transport.fetch import Replica, WeightsWatcher
-    from grpo_stream.transport.relay import Relay
-    from grpo_stream.transport.settings import SecuritySettings
-
-    transport, security = _transport(args), SecuritySettings()
-    weights = _weights_settings(args)
-    target: SyntheticTarget | ModelTarget
-    if args.kind == "synthetic":
-        target = SyntheticTarget(_shapes(args), args.dtype)
-    else:
-        target = ModelTarget(args.model)
-    ctx: zmq.Context[Any] = zmq.Context()
-    watcher = WeightsWatcher(ctx, args.announce, transport, security)
-    relay = None
-    if args.relay:
-        relay = Relay(ctx, "tcp://127.0.0.1:0", transport, security, weights.relay_stall_s)
-    replica = Replica()
-    report = ctx.socket(zmq.PUSH)
-    report.setsockopt(zmq.LINGER, 5000)  # the last report must reach the benchmark before exit
-    report.connect(args.report)
-    try:
-        report.send_json({"ready": args.index})
-        applied, idle_since = -1, time.monotonic()
-        while applied < args.rounds and time.monotonic() - idle_since < REPORT_TIMEOUT_S:
-            version = watcher.poll(200)
-            if version is None or version == applied:
-                continue
-            t_seen = time.time()
-            got = replica.fetch(
-                ctx, args.weights, transport, security, version, weights=weights, relay=relay
-            )
-            t_fetched = time.time()
-            value = target.apply(replica.named(), got)
-            t_applied = time.time()
-            applied, idle_since = got, time.monotonic()
-            report.send_json(
-                {"index": args.index, "version": got, "probe": value, "t_seen": t_seen,
-                 "t_fetched": t_fetched, "t_applied": t_applied}
-            )  # fmt: skip
-        while relay is not None:  # keep relaying to late children until the benchmark ends us
-            time.sleep(0.5)
-    finally:
-        if relay is not None:
-            relay.close()
-        watcher.close()
-        report.close()
-        ctx.term()
-
-
 # ---- trainer side ---------------------------------------------------------------------------
 
 
@@ -217,19 +122,19 @@ class Source:
         return int(sum(t.numel() * t.element_size() for t in self.unique))
 
 
-def _shapes(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
-    return qwen2_like_shapes(
+def shapes_of(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
+    return qwen2_likeshapes_of(
         layers=args.layers, hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab
     )
 
 
-def _transport(args: argparse.Namespace) -> Any:
+def transport_settings(args: argparse.Namespace) -> Any:
     from grpo_stream.transport.settings import TransportSettings
 
     return TransportSettings(weights_chunk_bytes=args.chunk_mib << 20)
 
 
-def _weights_settings(args: argparse.Namespace) -> Any:
+def weights_settings(args: argparse.Namespace) -> Any:
     from grpo_stream.transport.settings import WeightsSettings
 
     # a loaded 2-core machine runs 16 receivers: give a relay's first chunk time to arrive
@@ -247,7 +152,7 @@ def make_source(args: argparse.Namespace) -> Source:
 
     if args.kind == "synthetic":
         tensors = [
-            (name, torch.empty(shape, dtype=_dtype(args.dtype))) for name, shape in _shapes(args)
+            (name, torch.empty(shape, dtype=_dtype(args.dtype))) for name, shape in shapes_of(args)
         ]
         return Source(tensors, [t for _, t in tensors])
     from grpo_stream.models.loading import load_policy
@@ -282,7 +187,7 @@ def start_receivers(
     procs = []
     for index in range(n):
         argv = [
-            *(sys.executable, "-m", "bench.weights", "--role", "receiver"),
+            *(sys.executable, "-m", "bench.weights_receiver"),
             *("--kind", args.kind, "--model", args.model, "--dtype", args.dtype),
             *("--layers", str(args.layers), "--rounds", str(args.rounds)),
             *("--hidden", str(args.hidden), "--intermediate", str(args.intermediate)),
@@ -370,8 +275,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     pull.setsockopt(zmq.LINGER, 0)  # reports left unread at the end are of no use
     report = f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}"
     server = WeightServer(
-        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", _transport(args), SecuritySettings(),
-        _weights_settings(args),
+        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", transport_settings(args), SecuritySettings(),
+        weights_settings(args),
     )  # fmt: skip
     procs = start_receivers(args, n, server.addresses, report)
     try:
@@ -443,7 +348,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--relay", action="store_true", help="internal: receivers relay (weights.relay)")
     add("--verbose", action="store_true", help="print every receiver of every round")
     add("--no-save", action="store_true", help="do not write bench/results")
-    add("--role", choices=["main", "receiver"], default="main", help="internal")
     add("--index", type=int, default=0, help="internal: receiver index")
     add("--announce", help="internal: the PUB address")
     add("--weights", help="internal: the ROUTER address")
@@ -472,7 +376,7 @@ def run_phases(args: argparse.Namespace) -> dict[str, Any]:
     counts = sorted(out["fanout"])
     out["fanout_ratio"] = out["fanout"][counts[-1]]["seconds"] / out["fanout"][counts[0]]["seconds"]
     torch.set_num_threads(1)
-    shapes = qwen2_like_shapes(layers=args.delta_layers)
+    shapes = qwen2_likeshapes_of(layers=args.delta_layers)
     print(f"deltas: {shape_bytes(shapes, 2) / GIB:.3f} GiB bf16 set, real AdamW steps:")
     out["delta"] = {}
     for lr in [float(x) for x in args.delta_lrs.split(",")]:
@@ -485,9 +389,6 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.receivers < 1 or args.rounds < 1:
         raise SystemExit("--receivers and --rounds must be at least 1")
-    if args.role == "receiver":
-        run_receiver(args)
-        return
     out = run_phases(args)
     if not args.no_save:
         path = save_json(RESULTS_DIR / "weights.json", {**out, "env": environment()})
