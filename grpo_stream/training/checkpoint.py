@@ -14,13 +14,16 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
 import torch
 
 from grpo_stream.progress import long_wait
+
+if TYPE_CHECKING:
+    from grpo_stream.training.state import TrainState
 
 log = structlog.get_logger()
 MARKER = "COMPLETE"
@@ -118,6 +121,56 @@ def save_checkpoint(
 def load_trainer_state(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(path / "trainer_state.pt", weights_only=True)
     return state
+
+
+def gather_trainer_state(
+    state: TrainState,
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+    """(the full weights gathered under FSDP2, else None: the model holds them; what
+    trainer_state.pt holds: optimizer, scheduler, regularizer, rollback guard, step,
+    version). Under FSDP2 collective: every rank calls it, rank 0 gets the unsharded state."""
+    weights, optimizer = None, None
+    if state.fsdp:
+        from grpo_stream.training.fsdp import full_model_state, full_optimizer_state
+
+        weights = full_model_state(state.model)
+        optimizer = full_optimizer_state(state.model, state.optimizer)
+    saved = {
+        "optimizer": state.optimizer.state_dict() if optimizer is None else optimizer,
+        "scheduler": state.scheduler.state_dict(),
+        "regularizer": state.regularizer.state_dict(),
+        "rollback": state.guard.state_dict(),
+        "step": state.step,
+        "version": state.version,
+    }
+    return weights, saved
+
+
+def restore_trainer_state(state: TrainState, path: Path) -> None:
+    """Load trainer_state.pt of checkpoint `path` into `state` (its weights are loaded with
+    the model)."""
+    saved = load_trainer_state(path)
+    if state.fsdp:
+        from grpo_stream.training.fsdp import load_optimizer_state
+
+        load_optimizer_state(state.model, state.optimizer, saved["optimizer"])
+    else:
+        state.optimizer.load_state_dict(saved["optimizer"])
+    state.scheduler.load_state_dict(saved["scheduler"])
+    state.regularizer.load_state_dict(saved["regularizer"])
+    if "rollback" in saved:  # checkpoints before lr_scale was saved have none
+        state.guard.load_state_dict(saved["rollback"])
+    state.step = int(saved["step"])
+    state.version = int(saved["version"])
+    set_rng_state(saved["rng"])
+    log.info(
+        "trainer.resumed",
+        path=str(path),
+        step=state.step,
+        version=state.version,
+        tau=state.regularizer.tau,
+        rollbacks=state.guard.total,
+    )
 
 
 def _fsync_dir(path: Path) -> None:

@@ -34,10 +34,10 @@ from grpo_stream.config import RunConfig
 from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 from grpo_stream.training.batch import Tensors, to_tensors
 from grpo_stream.training.checkpoint import (
+    gather_trainer_state,
     latest_checkpoint,
-    load_trainer_state,
+    restore_trainer_state,
     save_checkpoint,
-    set_rng_state,
 )
 from grpo_stream.training.lora import LoraPolicy
 from grpo_stream.training.minibatches import merge, own_totals, split_rows
@@ -48,6 +48,7 @@ from grpo_stream.training.offpolicy import (
 )
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
 from grpo_stream.training.precision import Precision
+from grpo_stream.training.setup import init_distributed, load_models, make_optimizer
 from grpo_stream.training.staging import HostStaging
 
 log = structlog.get_logger()
@@ -87,7 +88,6 @@ class TrainState:
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
-        from grpo_stream.models.loading import load_policy, load_tokenizer, prepare_training
         from grpo_stream.training.device import process_group_backend, resolve
 
         torch.manual_seed(cfg.run.seed)
@@ -96,43 +96,11 @@ class TrainState:
             torch.cuda.set_device(device)
         rank, world = init_distributed(process_group_backend(device))
         sharded = world > 1 and cfg.trainer.parallel == "fsdp2"
-        source = cfg.model.name_or_path
         ckpt = latest_checkpoint(Path(cfg.run.run_dir)) if resume else None
-        lora_on = cfg.trainer.lora.enabled  # LoRA: the base from source, the adapter from ckpt
-        # the policy's master weights are float32 in every precision mode unless a dtype is
-        # set explicitly ("auto" would mean bfloat16 weights on a GPU)
-        dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
-        if mode == "bf16":
-            dtype = "bfloat16"  # bf16 weights; KahanAdamW keeps the moments float32
-        model = load_policy(
-            str(ckpt) if ckpt and not lora_on else source,
-            dtype=dtype,
-            device=device,
-            trainable=True,
-        )
-        prepare_training(model, cfg.trainer.dropout, cfg.trainer.gradient_checkpointing)
-        lora = None
-        if lora_on:
-            from grpo_stream.training.lora import wrap_policy
-
-            model, lora = wrap_policy(model, cfg.trainer.lora, source, ckpt)
-        if sharded:
-            from grpo_stream.training.fsdp import shard_model
-
-            shard_model(model)  # before the optimizer, which must hold the DTensor parameters
-        tokenizer = load_tokenizer(source)
-        ref = None
-        if cfg.algo.loss.beta > 0 and lora is not None:
-            from grpo_stream.training.lora import AdapterDisabled
-
-            ref = AdapterDisabled(model)  # the base with the adapter off: no second copy
-            log.info("lora.reference_shared", saved_mb=round(ref.saved_bytes / 2**20, 1))
-        elif cfg.algo.loss.beta > 0:
-            ref_dtype = "bfloat16" if mode == "bf16" else cfg.model.dtype
-            ref = load_policy(source, dtype=ref_dtype, device=device, trainable=False)
+        model, tokenizer, ref, lora = load_models(cfg, device, mode, ckpt, sharded)
         t = cfg.trainer
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
-        optimizer = _optimizer(trainable, t.lr, t.weight_decay, mode)
+        optimizer = make_optimizer(trainable, t.lr, t.weight_decay, mode)
         warm = t.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
@@ -148,7 +116,7 @@ class TrainState:
             state.staging = HostStaging(pin=True)
         log.info("trainer.device", device=device, precision=mode, world=world)
         if ckpt is not None:
-            state._load(ckpt)
+            restore_trainer_state(state, ckpt)
         if world > 1 and not sharded:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -160,45 +128,13 @@ class TrainState:
         state.guard.snapshot(model, optimizer, state.regularizer, state.step, scheduler)
         return state
 
-    def _load(self, path: Path) -> None:
-        saved = load_trainer_state(path)
-        if self.fsdp:
-            from grpo_stream.training.fsdp import load_optimizer_state
-
-            load_optimizer_state(self.model, self.optimizer, saved["optimizer"])
-        else:
-            self.optimizer.load_state_dict(saved["optimizer"])
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.regularizer.load_state_dict(saved["regularizer"])
-        if "rollback" in saved:  # checkpoints before lr_scale was saved have none
-            self.guard.load_state_dict(saved["rollback"])
-        self.step = int(saved["step"])
-        self.version = int(saved["version"])
-        set_rng_state(saved["rng"])
-        log.info(
-            "trainer.resumed",
-            path=str(path),
-            step=self.step,
-            version=self.version,
-            tau=self.regularizer.tau,
-            rollbacks=self.guard.total,
-        )
-
     def checkpoint(self) -> Path | None:
         """Every rank calls this: each takes a new rollback snapshot (of its own shard under
         FSDP2) and joins gathering the full weights and optimizer state; rank 0 writes."""
         self.guard.snapshot(self.model, self.optimizer, self.regularizer, self.step, self.scheduler)
-        weights, optimizer = self._full_state()
+        weights, state = gather_trainer_state(self)
         if self.rank != 0:
             return None
-        state = {
-            "optimizer": optimizer,
-            "scheduler": self.scheduler.state_dict(),
-            "regularizer": self.regularizer.state_dict(),
-            "rollback": self.guard.state_dict(),
-            "step": self.step,
-            "version": self.version,
-        }
         path = save_checkpoint(
             Path(self.cfg.run.run_dir),
             self.step,
@@ -210,15 +146,6 @@ class TrainState:
         )
         log.info("checkpoint.saved", step=self.step, path=str(path))
         return path
-
-    def _full_state(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
-        """(the gathered weights under FSDP2, else None: the model holds them; the optimizer
-        state), unsharded on rank 0."""
-        if not self.fsdp:
-            return None, self.optimizer.state_dict()
-        from grpo_stream.training.fsdp import full_model_state, full_optimizer_state
-
-        return full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights to publish. Under FSDP2 this is collective and gathers when called
@@ -481,25 +408,3 @@ class TrainState:
                 with_entropy=False,
             )
         return ref
-
-
-def _optimizer(
-    params: list[torch.Tensor], lr: float, weight_decay: float, mode: str
-) -> torch.optim.Optimizer:
-    """AdamW; in bf16 mode KahanAdamW (float32 moments, compensated bf16 updates)."""
-    if mode == "bf16":
-        from grpo_stream.training.bf16 import KahanAdamW
-
-        return KahanAdamW(params, lr=lr, weight_decay=weight_decay)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-
-
-def init_distributed(backend: str = "gloo") -> tuple[int, int]:
-    """(rank, world size) from torchrun's environment; joins the process group if > 1
-    (NCCL when the ranks' tensors are on GPUs, gloo on the CPU)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    dist = torch.distributed
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend)
-    return rank, world
