@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgpack
 import numpy as np
 
-from grpo_stream.protocols.messages import MESSAGES, Array, FieldSpec, Message, Struct, schema
+from grpo_stream.protocols.messages import MESSAGES
+from grpo_stream.protocols.schema import Array, FieldSpec, Message, Struct, schema
 
 if TYPE_CHECKING:
     import torch

@@ -1,8 +1,9 @@
-"""Typed wire messages: one dataclass per message kind, and the registry KIND -> class.
+"""Typed wire messages: one dataclass per message kind, and the registry KIND -> class
+(the field types they may use and the base classes: protocols/schema.py).
 
 Invariants:
 - Every message class has a unique `KIND` and appears in `MESSAGES`.
-- Field types are limited to what the codec can carry (see `FIELD_KINDS`): int, float, str,
+- Field types are limited to what the codec can carry (`schema.FIELD_KINDS`): int, float, str,
   bool, `X | None` of those, list[str|int|float|bool], dict[str, Any] and
   list[dict[str, Any]] of msgpack-native values, `Array` and `list[Array]`, and a `Struct`
   (`X` or `X | None`): a typed record of scalar and list fields that travels as a map.
@@ -22,99 +23,12 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, TypeAlias
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-import numpy.typing as npt
-
-Array: TypeAlias = npt.NDArray[Any]
-"""An n-dimensional array field: one raw frame on the wire, dtype and shape in the header."""
-
-FieldKind = Literal[
-    "int",
-    "float",
-    "str",
-    "bool",
-    "list_str",
-    "list_int",
-    "list_float",
-    "list_bool",
-    "dict",
-    "list_dict",
-    "array",
-    "list_array",
-    "struct",
-]
-
-FIELD_KINDS: dict[str, FieldKind] = {
-    "int": "int",
-    "float": "float",
-    "str": "str",
-    "bool": "bool",
-    "list[str]": "list_str",
-    "list[int]": "list_int",
-    "list[float]": "list_float",
-    "list[bool]": "list_bool",
-    "dict[str, Any]": "dict",
-    "list[dict[str, Any]]": "list_dict",
-    "Array": "array",
-    "list[Array]": "list_array",
-}
-"""Annotation text -> wire kind (a `Struct` class name is kind "struct", see `STRUCTS`). Any
-other annotation on a message field is a bug."""
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One field of a message (or of a struct) as the codec sees it."""
-
-    name: str
-    kind: FieldKind
-    optional: bool
-    struct: type[Struct] | None = None  # the record class of a "struct" field
-
-
-@dataclass
-class Struct:
-    """Base of a typed record nested in a message: a map of its fields, in declaration order,
-    on the wire. Its fields are scalars, `X | None` and lists (no arrays, no structs: one
-    level of nesting, so decoding depth stays bounded). Registered in `STRUCTS`."""
-
-
-_SCHEMAS: dict[str, tuple[FieldSpec, ...]] = {}
-
-
-def schema(cls: type[Message] | type[Struct]) -> tuple[FieldSpec, ...]:
-    """The fields of a message or struct class in declaration order (the wire order); cached."""
-    key = f"{cls.__module__}.{cls.__qualname__}"
-    cached = _SCHEMAS.get(key)
-    if cached is not None:
-        return cached
-    specs = []
-    nested = issubclass(cls, Struct)
-    for f in fields(cls):
-        text = str(f.type).replace(" ", "")
-        optional = text.endswith("|None")
-        base = text.removesuffix("|None")
-        struct = STRUCTS.get(base)
-        matches = [kind for ann, kind in FIELD_KINDS.items() if ann.replace(" ", "") == base]
-        if struct is not None:
-            matches = ["struct"]
-        if not matches:
-            raise TypeError(f"{cls.__name__}.{f.name}: unsupported wire type {f.type!r}")
-        if optional and matches[0] in ("array", "list_array"):
-            raise TypeError(f"{cls.__name__}.{f.name}: arrays cannot be optional")
-        if nested and matches[0] in ("array", "list_array", "struct"):
-            raise TypeError(f"{cls.__name__}.{f.name}: a struct holds no arrays or structs")
-        specs.append(FieldSpec(f.name, matches[0], optional, struct))
-    _SCHEMAS[key] = tuple(specs)
-    return _SCHEMAS[key]
-
-
-def _same_array(a: Any, b: Any) -> bool:
-    from grpo_stream.protocols.codec import arrays_equal  # codec imports this module
-
-    return bool(arrays_equal(a, b))
+from grpo_stream.protocols.schema import Array as Array
+from grpo_stream.protocols.schema import Message as Message
+from grpo_stream.protocols.schema import Struct as Struct
 
 
 def _empty_uint8() -> Array:
@@ -133,30 +47,6 @@ def _empty_int64() -> Array:
     import numpy as np
 
     return np.zeros(0, dtype=np.int64)
-
-
-@dataclass(eq=False)
-class Message:
-    """Base of every wire message."""
-
-    KIND: ClassVar[str] = ""
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        for spec in schema(type(self)):
-            a, b = getattr(self, spec.name), getattr(other, spec.name)
-            if spec.kind == "array":
-                same = _same_array(a, b)
-            elif spec.kind == "list_array":
-                same = len(a) == len(b) and all(
-                    _same_array(x, y) for x, y in zip(a, b, strict=True)
-                )
-            else:
-                same = bool(a == b)
-            if not same:
-                return False
-        return True
 
 
 # ----- structs: typed records inside messages --------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from grpo_stream.protocols import MESSAGES, Message, decode, encode
 from grpo_stream.protocols.make_golden import GOLDEN_DIR, examples, read_frames
-from grpo_stream.protocols.messages import schema
+from grpo_stream.protocols.schema import schema
 
 SPEC = GOLDEN_DIR.parent / "SPEC.md"
 

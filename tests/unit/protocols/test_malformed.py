@@ -26,7 +26,8 @@ from grpo_stream.protocols import (
     encode,
 )
 from grpo_stream.protocols.make_golden import examples
-from grpo_stream.protocols.messages import BatchTotals, SamplingParams, TrainBatch, schema
+from grpo_stream.protocols.messages import BatchTotals, SamplingParams, TrainBatch
+from grpo_stream.protocols.schema import schema
 
 
 def _scored() -> Scored:

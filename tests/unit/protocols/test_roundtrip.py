@@ -21,7 +21,8 @@ from grpo_stream.protocols import (
     encode,
 )
 from grpo_stream.protocols.codec import wire_dtypes
-from grpo_stream.protocols.messages import FieldSpec, SamplingParams, Struct, schema
+from grpo_stream.protocols.messages import SamplingParams
+from grpo_stream.protocols.schema import FieldSpec, Struct, schema
 
 torch.set_num_threads(1)
 
