@@ -120,6 +120,11 @@ class GeneratorSettings(BaseModel):
     """Prompts a generator asks for at once (its credits); scaled by its device share."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vllm: fraction of device memory for weights and KV cache."""
+    vllm_block_size: int | None = Field(None, ge=16, le=1024)
+    """vllm: tokens per KV-cache block. Prefix caching (on) reuses whole blocks only, so an
+    episode's next turn reuses its prefix rounded down to a block; None: vLLM's default
+    (128 on its CPU backend, which needs a multiple of 32: 32 gives tiny-model episodes,
+    shorter than 128 tokens, their prefix hits)."""
     tensor_parallel: int = Field(1, ge=1)
     """GPUs per generator (vllm tensor parallelism); placement gives each generator this
     many GPUs of one host."""
@@ -143,6 +148,11 @@ class GeneratorSettings(BaseModel):
             raise ValueError(
                 "generator.inflight_updates needs generator.engine = 'hf' (the vllm engine "
                 "applies versions between batches)"
+            )
+        if self.vllm_block_size is not None and self.vllm_block_size % 16:
+            raise ValueError(
+                f"generator.vllm_block_size ({self.vllm_block_size}) must be a multiple of 16 "
+                "(vLLM's CPU backend: of 32)"
             )
         if self.top_p < 1.0:
             # the trainer's pi_prox is the full tempered softmax; under a nucleus the sampled
@@ -355,7 +365,7 @@ class RunConfig(BaseModel):
                 "is small: use trainer.parallel='ddp', which all-reduces only its gradients)"
             )
         check_eval_config(self.eval.every, self.eval.task, self.task.holdout)
-        check_env_config(self.env, self.generator.engine, self.trainer.micro_batch_tokens)
+        check_env_config(self.env, self.trainer.micro_batch_tokens)
         check_verifiers_config(self.task.name, self.env.name)
         return self
 

@@ -384,9 +384,10 @@ def serve_generator(session: Session, throttle: float = 1.0) -> int:
     player = None
     if cfg.env.enabled:
         from grpo_stream.engines.hf import HFEngine
+        from grpo_stream.engines.vllm import VLLMEngine
 
-        if not isinstance(engine, HFEngine):  # the config check refuses this before start
-            raise ValueError("env.name needs generator.engine = 'hf'")
+        if not isinstance(engine, HFEngine | VLLMEngine):  # both have complete and tokenizer
+            raise ValueError("env.name needs generator.engine = 'hf' or 'vllm'")
         player = EpisodePlayer(cfg.env, engine, engine.tokenizer, cfg.task.chat_template)
         player.__enter__()
     try:

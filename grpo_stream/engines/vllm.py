@@ -11,6 +11,12 @@ Invariants (see `grpo_stream.engines.base` for the completion conventions):
   "length"` marks a truncated completion.
 - With a `seed`, every prompt gets its own request seed derived from it (vLLM gives the n
   samples of one request seeds seed+i), so equal inputs and seed give equal outputs.
+- `complete` (episodes, `grpo_stream.envs.episodes`) feeds each row of token ids to vLLM as a
+  `TokensPrompt`, never re-tokenized, one request (n=1) per row. Automatic prefix caching is
+  on, so a turn reuses the KV blocks its episode's earlier turns computed; vLLM caches whole
+  blocks only (`generator.vllm_block_size` tokens), so the reused prefix is the row's longest
+  cached run of full blocks. `last_cached_tokens` says, per row of the last call, how many
+  prompt tokens vLLM served from the cache (its `RequestOutput.num_cached_tokens`).
 - Weight updates run inside vLLM's workers (`vllm_worker.WeightSyncExtension`); after each
   the prefix cache is reset, so no cached prefix computed with old weights is reused.
 
@@ -56,12 +62,15 @@ class VLLMEngine:
     def __init__(
         self,
         llm: Any,
+        tokenizer: Any,
         transport: TransportSettings | None = None,
         security: SecuritySettings | None = None,
         version: int = 0,
     ) -> None:
         self.llm = llm
+        self.tokenizer = tokenizer  # the trainer's (models.loading): episodes tokenize with it
         self.version = version
+        self.last_cached_tokens: list[int] = []
         self._transport = transport or TransportSettings()
         self._security = security or SecuritySettings()
         self._lora: Any = None  # engines.lora.VLLMAdapter when serving LoRA adapter versions
@@ -82,7 +91,7 @@ class VLLMEngine:
         With `lora` enabled, vLLM serves each published adapter version as a LoRARequest."""
         from vllm import LLM
 
-        from grpo_stream.models.loading import resolve_model
+        from grpo_stream.models.loading import load_tokenizer, resolve_model
 
         dev = resolve_device(device)
         path = resolve_model(model.name_or_path)
@@ -105,10 +114,12 @@ class VLLMEngine:
                 worker_extension_cls=WORKER_EXTENSION,
                 logprobs_mode="processed_logprobs",
                 generation_config="vllm",
+                enable_prefix_caching=True,  # episodes: each turn reuses its prefix's KV
+                block_size=generator.vllm_block_size,  # None: vLLM's default
                 **lora_args,
             )
         log.info("engine.loaded", engine="vllm", model=model.name_or_path, device=dev)
-        engine = cls(llm, transport, security)
+        engine = cls(llm, load_tokenizer(model.name_or_path), transport, security)
         if lora_args:
             from grpo_stream.engines.lora import VLLMAdapter
 
@@ -156,6 +167,51 @@ class VLLMEngine:
             version=self.version,
         )
         return groups
+
+    def complete(
+        self,
+        rows: list[list[int]],
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Completion]:
+        """One continuation of at most `max_tokens` tokens per row of token ids, fed exactly
+        as given (the multi-turn path); rows sharing a cached prefix reuse its KV blocks."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not rows or any(not r for r in rows):
+            raise ValueError("complete needs non-empty rows of token ids")
+        rng = random.Random(seed) if seed is not None else None
+        params = [
+            SamplingParams(
+                n=1,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                logprobs=0,
+                seed=None if rng is None else rng.getrandbits(31),
+                detokenize=False,  # the text is decoded below as the hf engine decodes it
+            )
+            for _ in rows
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in row]) for row in rows]
+        start = time.perf_counter()
+        adapter = None if self._lora is None else self._lora.request
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=adapter)
+        completions = [_completion(out.outputs[0], self.tokenizer) for out in outputs]
+        self.last_cached_tokens = [int(out.num_cached_tokens or 0) for out in outputs]
+        log.debug(
+            "engine.completed",
+            rows=len(rows),
+            prompt_tokens=sum(len(r) for r in rows),
+            cached_tokens=sum(self.last_cached_tokens),
+            tokens=sum(len(c.token_ids) for c in completions),
+            seconds=round(time.perf_counter() - start, 4),
+            version=self.version,
+        )
+        return completions
 
     def load_weights(
         self, named: Iterable[tuple[str, torch.Tensor | np.ndarray]], version: int
@@ -224,16 +280,16 @@ class VLLMEngine:
 
 def _group(out: Any) -> GroupSample:
     """One vLLM RequestOutput as a GroupSample."""
-    completions = []
-    for comp in out.outputs:
-        ids = [int(t) for t in comp.token_ids]
-        logprobs = [float(pos[t].logprob) for t, pos in zip(ids, comp.logprobs, strict=True)]
-        completions.append(
-            Completion(
-                token_ids=ids,
-                logprobs=logprobs,
-                text=comp.text,
-                truncated=comp.finish_reason == "length",
-            )
-        )
+    completions = [_completion(comp) for comp in out.outputs]
     return GroupSample(prompt_ids=[int(t) for t in out.prompt_token_ids], completions=completions)
+
+
+def _completion(comp: Any, tokenizer: Any = None) -> Completion:
+    """One vLLM CompletionOutput as a Completion (the sampled token's log-prob per position);
+    with `tokenizer`, the text is its decoding of the ids (special tokens skipped), not vLLM's."""
+    ids = [int(t) for t in comp.token_ids]
+    logprobs = [float(pos[t].logprob) for t, pos in zip(ids, comp.logprobs, strict=True)]
+    text = comp.text if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
+    return Completion(
+        token_ids=ids, logprobs=logprobs, text=text, truncated=comp.finish_reason == "length"
+    )

@@ -56,15 +56,11 @@ class EnvSettings(BaseModel):
         return self
 
 
-def check_env_config(env: EnvSettings, engine: str, micro_batch_tokens: int) -> None:
-    """Cross-section checks of an episode run (raised as one line naming the setting)."""
+def check_env_config(env: EnvSettings, micro_batch_tokens: int) -> None:
+    """Cross-section checks of an episode run (raised as one line naming the setting); both
+    engines play episodes (`complete`)."""
     if not env.enabled:
         return
-    if engine != "hf":
-        raise ValueError(
-            f"env.name = {env.name!r} needs generator.engine = 'hf' (the multi-turn loop "
-            "is built on the hf engine only)"
-        )
     if micro_batch_tokens <= env.max_episode_tokens:
         raise ValueError(
             f"trainer.micro_batch_tokens ({micro_batch_tokens}) must exceed "

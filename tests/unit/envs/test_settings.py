@@ -12,9 +12,22 @@ def test_the_default_run_has_no_environment() -> None:
     assert not load_config(None, []).env.enabled
 
 
-def test_an_episode_run_on_vllm_is_refused_naming_the_engine() -> None:
-    with pytest.raises(ConfigError, match=r"generator\.engine = 'hf'"):
-        load_config(None, ['env.name="guess"', 'generator.engine="vllm"'])
+def test_an_episode_run_on_vllm_is_a_valid_config() -> None:
+    cfg = load_config(None, [*task_preset("guess"), 'generator.engine="vllm"'])
+    assert cfg.env.enabled and cfg.generator.engine == "vllm"
+
+
+def test_an_episode_run_on_vllm_still_refuses_inflight_updates() -> None:
+    with pytest.raises(ConfigError, match=r"inflight_updates needs generator\.engine = 'hf'"):
+        load_config(
+            None,
+            [*task_preset("guess"), 'generator.engine="vllm"', "generator.inflight_updates=true"],
+        )
+
+
+def test_a_vllm_block_size_off_the_16_grid_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"generator\.vllm_block_size \(40\)"):
+        load_config(None, ['generator.engine="vllm"', "generator.vllm_block_size=40"])
 
 
 def test_an_unknown_environment_name_is_refused() -> None:
