@@ -5,6 +5,10 @@ Invariants:
   the nucleus `top_p`) and reports `log_softmax(logits / temperature)` of it in fp32, before
   nucleus truncation.
 - `Decoded.step_versions[s]` is the weights version whose forward pass gave step s's logits.
+- With `repeats` = G each of the P input rows is prefilled once and its cache and last logits
+  are repeated G times (row p*G + g of the output is sample g of input row p); the B = P*G
+  rows then decode as one batch. Rows of a forward pass do not see each other, so this gives
+  what prefilling all P*G rows gives, up to the float rounding of another batch size.
 - Between two steps `between_steps` may swap a new version into the model (in-flight update).
   With `keep_kv` the KV cache of the tokens so far is kept (PipelineRL): the next step's logits
   come from the new weights attending to keys/values of the old ones, so its log-prob is the
@@ -54,14 +58,23 @@ class Decoder:
         version: Callable[[], int],
         between_steps: Callable[[], None] | None = None,
         keep_kv: bool = False,
+        repeats: int = 1,
     ) -> Decoded:
-        """Sample up to `max_tokens` steps from left-padded `input_ids` (B, T) under `mask`.
+        """Sample up to `max_tokens` steps from left-padded `input_ids` (P, T) under `mask`,
+        `repeats` samples of each row (B = P * repeats output rows, a row's samples adjacent).
         `version()` is the version the model holds now; `between_steps` may change it."""
         import torch
 
-        batch, device = input_ids.shape[0], input_ids.device
+        device = input_ids.device
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         out, cache, next_pos = self._prefill(input_ids, mask)
+        logits = out.logits[:, -1, :]  # (P, V)
+        if repeats > 1:  # one prefill per distinct row, its cache shared by its samples
+            cache[self.cache_arg].batch_repeat_interleave(repeats)
+            logits, next_pos, input_ids, mask = (
+                t.repeat_interleave(repeats, dim=0) for t in (logits, next_pos, input_ids, mask)
+            )
+        batch = input_ids.shape[0]
         held = version()
         lengths = torch.full((batch,), max_tokens, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -69,7 +82,7 @@ class Decoder:
         logprobs: list[torch.Tensor] = []
         step_versions: list[int] = []
         for step in range(max_tokens):
-            logp = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)  # (B, V)
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
             tok = draw(logp, top_p, generator)  # (B,)
             tokens.append(tok)
             logprobs.append(logp.gather(-1, tok[:, None])[:, 0])
@@ -87,6 +100,7 @@ class Decoder:
                     if not keep_kv:  # the rows so far again, under the new weights
                         rows = torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=-1)
                         out, cache, next_pos = self._prefill(rows, mask)
+                        logits = out.logits[:, -1, :]
                         continue
             out = self.model(
                 input_ids=tok[:, None],
@@ -95,6 +109,7 @@ class Decoder:
                 use_cache=True,
                 **cache,
             )
+            logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
         return Decoded(
             torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), lengths, step_versions

@@ -3,8 +3,9 @@
 Invariants (see `grpo_stream.engines.base` for the completion conventions):
 
 - All P prompts x G samples run as one left-padded batch of P*G rows (row p*G + g is
-  sample g of prompt p); position ids come from the attention mask, so a row's numbers do
-  not depend on how much padding it got.
+  sample g of prompt p); each prompt is prefilled once and its KV cache repeated G times
+  (`Decoder.run(repeats=G)`). Position ids come from the attention mask, so a row's numbers
+  do not depend on how much padding it got.
 - Sampling uses exactly `softmax(logits / temperature)`, optionally truncated to the
   nucleus `top_p`; there is no top-k and no other logits processor. The reported log-prob
   is `log_softmax(logits / temperature)` of the sampled token in fp32, before nucleus
@@ -145,8 +146,9 @@ class HFEngine:
         _check_args(prompts, group_size, max_tokens, temperature, top_p)
         start = time.perf_counter()
         prompt_ids = self._encode(prompts)
-        rows = [ids for ids in prompt_ids for _ in range(group_size)]
-        flat = self.sample_rows(rows, max_tokens, temperature, top_p, seed, inflight=True)
+        flat = self.sample_rows(
+            prompt_ids, max_tokens, temperature, top_p, seed, inflight=True, repeats=group_size
+        )
         groups = [
             GroupSample(
                 prompt_ids=list(ids), completions=flat[p * group_size : (p + 1) * group_size]
@@ -190,10 +192,13 @@ class HFEngine:
         top_p: float = 1.0,
         seed: int | None = None,
         inflight: bool = False,
+        repeats: int = 1,
     ) -> list[Completion]:
         """The one sampling setup: left-pad `rows` (checked by the caller), seed a private
         generator, decode under inference mode. `inflight`: versions may be swapped in between
-        steps (`enable_inflight`); each Completion says which version sampled which tokens."""
+        steps (`enable_inflight`); each Completion says which version sampled which tokens.
+        `repeats`: completions per row, each row prefilled once (len(rows) * repeats out,
+        a row's adjacent)."""
         import torch
 
         input_ids, mask = self._left_pad(rows)
@@ -205,6 +210,7 @@ class HFEngine:
             got = self._decoder.run(
                 input_ids, mask, max_tokens, temperature, top_p, generator,
                 version=lambda: self.version, between_steps=hook, keep_kv=self._keep_kv,
+                repeats=repeats,
             )  # fmt: skip
         return self._completions(got, max_tokens)
 

@@ -103,13 +103,22 @@ class _Step:
     payloads: dict[str, np.ndarray[Any, Any] | None]
 
 
+PROBE_EVERY = 16
+"""After a step delta over `weights.delta_max_ratio` of the full set, deltas are tried again
+only at every this many publishes (the ones between are sent in full, nothing computed)."""
+
+
 class DeltaHistory:
     """Step deltas of the last `window` versions; builds delta chunk sets per base."""
 
-    def __init__(self, window: int, level: int, settings: TransportSettings) -> None:
+    def __init__(
+        self, window: int, level: int, settings: TransportSettings, max_ratio: float = 1.0
+    ) -> None:
         self._steps: deque[_Step] = deque(maxlen=window)
         self._level = level
         self._settings = settings
+        self._max_ratio = max_ratio
+        self._skip = 0  # publishes still to send in full without a delta (see `_record`)
         self._built: dict[int, tuple[WeightsChunk, ...] | None] = {}
         self._built_for = -1
         self.wire_bytes: dict[int, int] = {}  # base -> bytes of its delta chunks (stats)
@@ -123,7 +132,10 @@ class DeltaHistory:
         with self._mutex:
             self._built.clear()
             self.wire_bytes.clear()
-            if prev is not None:
+            if prev is not None and self._skip > 0:
+                self._skip -= 1  # deltas did not pay lately: no chain, the full set goes
+                self._steps.clear()
+            elif prev is not None:
                 self._pending.append((prev, new))
 
     def settle(self) -> None:
@@ -147,6 +159,13 @@ class DeltaHistory:
         for name, arr in new.arrays:
             base = old.get(name)
             payloads[name] = None if base is None else encode_delta(base, arr, self._level)
+        wire = sum(arr.nbytes if (p := payloads[n]) is None else p.nbytes for n, arr in new.arrays)
+        if wire > self._max_ratio * max(new.total_bytes, 1):
+            # not worth its encode and decode (fp32 weights: nearly every element changes its
+            # low bytes): this and the next PROBE_EVERY - 1 publishes go in full, uncomputed
+            self._steps.clear()
+            self._skip = PROBE_EVERY - 1
+            return
         self._steps.append(_Step(prev.version, new.version, payloads))
 
     def bases(self) -> list[int]:

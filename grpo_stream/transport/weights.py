@@ -179,7 +179,10 @@ class WeightServer:
         self._settings = settings
         self._security = security
         self._weights = weights or WeightsSettings()
-        self._history = DeltaHistory(self._weights.delta_window, self._weights.zstd_level, settings)
+        self._history = DeltaHistory(
+            self._weights.delta_window, self._weights.zstd_level, settings,
+            max_ratio=self._weights.delta_max_ratio,
+        )  # fmt: skip
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()
         self._current: Snapshot | None = None

@@ -68,3 +68,36 @@ def test_a_deferred_delta_equals_the_delta_recorded_at_once() -> None:
         for x, y in zip(got, want, strict=True):
             assert x.encodings == y.encodings
             assert all(np.array_equal(s, t) for s, t in zip(x.tensors, y.tensors, strict=True))
+
+
+def _fp32(version: int, changed: int) -> list[tuple[str, torch.Tensor]]:
+    """An fp32 tensor whose first `changed` elements moved by a relative 1e-3 at `version`
+    (every element changed: its low bytes are noise and the XOR hardly compresses)."""
+    rng = np.random.default_rng(0)
+    w = torch.from_numpy(rng.normal(size=64 * 64).astype(np.float32))
+    w[:changed] *= 1 + 1e-3 * version
+    return [("w", w.reshape(64, 64))]
+
+
+def test_a_step_delta_over_the_max_ratio_of_the_full_set_is_not_used() -> None:
+    a, b = (build_snapshot(v, _fp32(v, 64 * 64), SETTINGS) for v in range(2))
+    bounded, unbounded = (DeltaHistory(4, 3, SETTINGS, max_ratio=r) for r in (0.5, 1.0))
+    for history in (bounded, unbounded):
+        history.record(a, b)
+    assert unbounded.chunks_from(0, b) is not None  # smaller than the set, yet over half
+    assert bounded.chunks_from(0, b) is None  # so the fetcher gets the full set
+
+
+def test_after_a_delta_that_did_not_pay_deltas_are_tried_again_every_probe_interval() -> None:
+    history = DeltaHistory(4, 3, SETTINGS, max_ratio=0.5)
+    snaps = [build_snapshot(0, _fp32(0, 64 * 64), SETTINGS)]
+    snaps.append(build_snapshot(1, _fp32(1, 64 * 64), SETTINGS))  # every element: no pay
+    for v in range(2, versions.PROBE_EVERY + 3):
+        snaps.append(build_snapshot(v, _fp32(v, 1), SETTINGS))  # one element: pays well
+    history.record(snaps[0], snaps[1])
+    for v in range(2, versions.PROBE_EVERY + 1):  # the publishes after it: in full
+        history.record(snaps[v - 1], snaps[v])
+        assert history.chunks_from(v - 1, snaps[v]) is None
+    v = versions.PROBE_EVERY + 1  # tried again: it pays, deltas are back
+    history.record(snaps[v - 1], snaps[v])
+    assert history.chunks_from(v - 1, snaps[v]) is not None

@@ -55,7 +55,10 @@ def _same(replica: Replica, named: list[tuple[str, torch.Tensor]]) -> bool:
 
 @pytest.fixture
 def server(ctx: Context) -> Iterator[WeightServer]:
-    weights = WeightServer(ctx, LOCAL, LOCAL, SETTINGS, SecuritySettings(), WeightsSettings())
+    # every delta is used however large (these AdamW steps at lr 1e-3 move most bf16 elements,
+    # so a delta is over the default weights.delta_max_ratio): the mechanism is under test
+    deltas = WeightsSettings(delta_max_ratio=1.0)
+    weights = WeightServer(ctx, LOCAL, LOCAL, SETTINGS, SecuritySettings(), deltas)
     yield weights
     weights.close()
 
