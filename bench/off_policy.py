@@ -53,10 +53,16 @@ EVAL_OFFSET = 1_000_000
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=40, help="applied trainer steps per run")
+    p.add_argument("--steps", type=int, default=60, help="applied trainer steps per run")
     p.add_argument("--staleness", default="0,4", help="comma-separated max_staleness values")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated off_policy modes")
     p.add_argument("--reuse", default="1", help="comma-separated reuse values")
+    p.add_argument(
+        "--s0-modes",
+        default=None,
+        help="modes run at staleness 0 (default: --modes); with one update per batch they "
+        "compute the same update up to rounding, so tis alone is the on-policy reference",
+    )
     p.add_argument("--full", action="store_true", help="staleness 0,2,4,8 x modes x reuse 1,2")
     p.add_argument("--seeds", default="0", help="comma-separated training seeds")
     p.add_argument("--minibatches", type=int, default=1, help="trainer.minibatches")
@@ -69,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts-per-step", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--eval-prompts", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-4, help="trainer.lr (its default)")
+    p.add_argument(
+        "--eval-prompts", type=int, default=512, help="held-out problems (512 x 4: s.e. ~0.008)"
+    )
     p.add_argument("--eval-group", type=int, default=4, help="samples per held-out prompt")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--name", default="off_policy", help="bench/results/NAME.{json,png}")
@@ -302,7 +310,14 @@ def grid(args: argparse.Namespace) -> list[tuple[int, str, int, int]]:
         modes = [m for m in args.modes.split(",") if m]
         reuses = [int(x) for x in args.reuse.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
-    runs = [(s, m, r, k) for k in seeds for r in reuses for s in stale for m in modes]
+    s0 = modes if args.s0_modes is None or args.full else [m for m in args.s0_modes.split(",") if m]
+    runs = [
+        (s, m, r, k)
+        for k in seeds
+        for r in reuses
+        for s in stale
+        for m in (s0 if s == 0 else modes)
+    ]
     return sorted(runs, key=lambda x: (x[:3] != (0, "tis", 1), x[3]))
 
 

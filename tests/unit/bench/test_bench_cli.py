@@ -192,6 +192,15 @@ def test_off_policy_default_grid_is_reduced_and_full_is_the_whole_grid(
         assert load_config(None, [f'algo.loss.off_policy="{mode}"']).algo.loss.off_policy == mode
 
 
+def test_off_policy_s0_modes_runs_only_those_modes_at_staleness_0(
+    bench: Callable[[str], ModuleType],
+) -> None:
+    mod = bench("off_policy")
+    args = ["--s0-modes", "tis", "--modes", "behaviour,tis", "--staleness", "0,4"]
+    runs = mod.grid(mod.build_parser().parse_args(args))
+    assert runs == [(0, "tis", 1, 0), (4, "behaviour", 1, 0), (4, "tis", 1, 0)]
+
+
 def test_off_policy_merge_keeps_one_run_per_cell_and_seed(
     bench: Callable[[str], ModuleType], tmp_path: Path
 ) -> None:
