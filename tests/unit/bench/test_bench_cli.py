@@ -141,7 +141,7 @@ def test_up_command_adds_sync_last(bench: Callable[[str], ModuleType]) -> None:
 
 def test_weights_defaults_to_bf16_fanout_1_4_16(bench: Callable[[str], ModuleType]) -> None:
     args = bench("weights").build_parser().parse_args([])
-    assert (args.kind, args.dtype, args.role) == ("synthetic", "bf16", "main")
+    assert (args.kind, args.dtype) == ("synthetic", "bf16")
     assert (args.fanout_receivers, args.fanout, args.delta_lrs) == ("1,4,16", 4, "1e-6,1e-5")
 
 
