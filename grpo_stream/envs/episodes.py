@@ -240,6 +240,7 @@ def _play_turn(
         actions[k] = c.text
         ended_with_eos[k] = bool(c.token_ids) and not c.truncated
     answers = pool.step(actions)
+    going: dict[int, str] = {}
     for k in actions:
         ep, ans = eps[keys[k]], answers[k]
         if ans.step is None:
@@ -250,7 +251,10 @@ def _play_turn(
         if ans.step.done:
             ep.ended = True
             continue
-        ids = fmt.tokens(ans.step.observation, ended_with_eos[k])
+        going[k] = ans.step.observation
+    turns = fmt.tokens_many([(going[k], ended_with_eos[k]) for k in going])  # one call
+    for k, ids in zip(going, turns, strict=True):
+        ep = eps[keys[k]]
         if len(ep.token_ids) + len(ids) > budget:
             ep.truncated = ep.ended = True  # the observation does not fit the budget
             continue
