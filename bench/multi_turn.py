@@ -11,8 +11,12 @@ threads for every side):
   worker pool: real worker processes, real pipes) against single-turn sampling of the same
   rows (`HFEngine.complete`, one 3-token reply to the bare prompt), repeated until it has
   sampled at least as many tokens. Rate: sampled tokens / wall. The per-token cost ratio
-  episodes/single is what the turn loop adds (growing rows re-prefilled each turn,
-  environment round trips, bookkeeping); goal <= 1.3.
+  episodes/single is what the turn loop adds (each turn prefills the tokens appended since
+  the last: the observation and the last sampled token, the KV cache of the rest kept by
+  `engines.turn_cache`; environment round trips; bookkeeping); goal <= 1.3. Beside it, the
+  same episodes with the turn cache hidden (`WholeRows`: every turn prefills each row
+  whole, the path before KV reuse and that of engines without a turn session), and whether
+  both sampled the same tokens (same seed).
 - trainer: one `TrainState.train_step` on the episode groups (loss mask, per-turn
   advantages) against the same token ids as single-turn groups (every completion token in
   the loss, one advantage per sequence): equal tokens, so the ratio is the cost of the
@@ -237,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{g['episodes_no_reuse']:.1f})  single {g['single']:.1f}"
     )
     print(f"trainer tokens/s:   episodes {t['episodes']:.1f}  single {t['single']:.1f}")
+    same = all(r["same_tokens"] for r in result["repeats"])
+    print(f"KV reuse sampled the tokens the no-reuse path sampled (same seed): {same}")
     print(f"episodes/s: 1 env worker {w['env_workers_1']:.2f}  2 {w['env_workers_2']:.2f}")
     print(
         f"cost per token episodes/single: generator "

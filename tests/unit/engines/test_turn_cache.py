@@ -192,3 +192,24 @@ def test_a_row_that_does_not_extend_its_cached_ids_is_prefilled_whole(
     assert any(e["event"] == "turns.cache_dropped" for e in logs)
     expected = hf_engine.complete(other, 3, 1.0, seed=8)
     assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+
+
+def test_the_first_turn_prefills_each_distinct_row_once(
+    ends_early: HFEngine, tokenizer: Any
+) -> None:
+    """G episodes of a prompt start from equal rows: one prefill per distinct row, and every
+    copy then samples on its own, as the stateless path samples (same seed)."""
+    prompts = tokenizer(PROMPTS[1:])["input_ids"]
+    rows = [p for p in prompts for _ in range(4)]  # 3 prompts x 4 episodes
+    session = ends_early.open_turns()
+    got = session.complete(list(range(12)), rows, 5, 1.0, seed=9)
+    assert session.prefilled == sum(len(p) for p in prompts)
+    expected = ends_early.complete(rows, 5, 1.0, seed=9)
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    assert len({tuple(c.token_ids) for c in got}) > 3  # the copies sampled differently
+    gaps = [
+        abs(a - b)
+        for x, y in zip(got, expected, strict=True)
+        for a, b in zip(x.logprobs, y.logprobs, strict=True)
+    ]
+    assert max(gaps) < 1e-5
