@@ -16,7 +16,10 @@ threads for every side):
   `engines.turn_cache`; environment round trips; bookkeeping); goal <= 1.3. Beside it, the
   same episodes with the turn cache hidden (`WholeRows`: every turn prefills each row
   whole, the path before KV reuse and that of engines without a turn session), and whether
-  both sampled the same tokens (same seed).
+  both sampled the same tokens (same seed). And single-turn through a fresh turn cache per
+  call (`single_prompt_shared`): the prompt prefilled once for all rows. Every row here has
+  the same bare prompt, so that side is nearly pure decode: a lower bound on single-turn
+  cost, not what distinct prompts cost.
 - trainer: one `TrainState.train_step` on the episode groups (loss mask, per-turn
   advantages) against the same token ids as single-turn groups (every completion token in
   the loss, one advantage per sequence): equal tokens, so the ratio is the cost of the

@@ -113,7 +113,8 @@ class TurnCache:
         for k, row in zip(keys, rows, strict=True):
             i = where.get(k)
             if i is None or row[: len(self._ids[i])] != self._ids[i]:
-                log.info("turns.cache_dropped", reason="row does not extend the cache", key=k)
+                reason = "new episode" if i is None else "row does not extend the cache"
+                log.info("turns.cache_dropped", reason=reason, key=k)
                 return False
         return True
 
