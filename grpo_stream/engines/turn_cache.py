@@ -14,8 +14,9 @@ tokens before it (`mask.cumsum(-1) - 1`, as in a fresh left-padded prefill), so 
 numbers do not depend on its holes: what the model computes for a row is a fresh forward of
 that row, up to float summation order (tested to 1e-5 against one).
 
-The first turn fills an empty cache: the G episodes of a prompt have equal rows then, so each
-distinct row is prefilled once and its cache row repeated (`batch_select_indices`).
+Rows that are equal so far, with equal holes, have equal cache rows: the G episodes of a
+prompt on the first turn, and episodes that have played alike since (a confident policy
+often does). Each such set is fed once and its cache row repeated (`batch_select_indices`).
 
 Invariants:
 - a row must extend what the cache holds for its key (checked); a key absent from a call is
@@ -141,8 +142,8 @@ class TurnCache:
 
     def _extend(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed each row's uncached tail, left-padded to the widest: (last logits (B, V),
-        next positions (B, 1)). Into an empty cache (the first turn, where the G episodes of
-        a prompt have equal rows) each distinct row is fed once and its cache row repeated."""
+        next positions (B, 1)). Rows equal so far (the G episodes of a prompt on the first
+        turn, episodes that played alike since) are fed once and their cache row repeated."""
         import torch
 
         mask = self._mask_now()
@@ -153,17 +154,22 @@ class TurnCache:
                 self._ids[i] = self._ids[i][:-1]
         tails = [row[len(ids) :] for row, ids in zip(rows, self._ids, strict=True)]
         self._ids = [ids + tail for ids, tail in zip(self._ids, tails, strict=True)]
-        if mask.shape[1] > 0:
+        # Equal ids and equal holes: equal cache rows, so equal rows after this chunk too.
+        layouts = mask.cpu().numpy()
+        same: dict[tuple[tuple[int, ...], bytes], int] = {}
+        first = [same.setdefault((tuple(ids), layouts[i].tobytes()), i)
+                 for i, ids in enumerate(self._ids)]  # fmt: skip
+        if len(same) == len(rows):
             logits, positions, self._mask = self._feed(tails, mask)
         else:
-            distinct = list(dict.fromkeys(tuple(t) for t in tails))
-            where = {t: i for i, t in enumerate(distinct)}
-            index = torch.tensor([where[tuple(t)] for t in tails], device=self.device)
-            logits, positions, fed_mask = self._feed(
-                [list(t) for t in distinct], mask[: len(distinct)]
-            )
+            distinct = list(same.values())
+            where = {row: j for j, row in enumerate(distinct)}
+            keep = torch.tensor(distinct, dtype=torch.long, device=self.device)
+            self._cache.batch_select_indices(keep)
+            logits, positions, fed = self._feed([tails[i] for i in distinct], mask[keep])
+            index = torch.tensor([where[f] for f in first], dtype=torch.long, device=self.device)
             self._cache.batch_select_indices(index)
-            logits, positions, self._mask = logits[index], positions[index], fed_mask[index]
+            logits, positions, self._mask = logits[index], positions[index], fed[index]
         self._sliding = any(self._cache.is_sliding)
         return logits, positions[:, -1:] + 1
 

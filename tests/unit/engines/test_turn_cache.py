@@ -213,3 +213,32 @@ def test_the_first_turn_prefills_each_distinct_row_once(
         for a, b in zip(x.logprobs, y.logprobs, strict=True)
     ]
     assert max(gaps) < 1e-5
+
+
+def test_episodes_that_played_alike_are_fed_once(hf_engine: HFEngine, tokenizer: Any) -> None:
+    """Rows equal after a turn (here every row sampled <eos> and got the same answer) are
+    fed once; each copy then samples on its own, its log-probs a fresh forward's."""
+    eos = tokenizer.eos_token_id
+
+    def only_eos(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor:
+        output = output.clone()
+        output[..., eos] += 100.0
+        return output
+
+    prompt = tokenizer(PROMPTS[1])["input_ids"]
+    session = hf_engine.open_turns()
+    handle = hf_engine.model.lm_head.register_forward_hook(only_eos)
+    got = session.complete(list(range(6)), [prompt] * 6, 3, 1.0, seed=1)
+    handle.remove()
+    assert all(c.token_ids == [eos] for c in got)
+    answer = tokenizer("abc", add_special_tokens=False)["input_ids"]
+    rows = [[*prompt, eos, *answer]] * 6
+    before = session.prefilled
+    again = session.complete(list(range(6)), rows, 5, 1.0, seed=2)
+    # one copy fed: its <eos> (the last step's token: its KV never computed) and the answer
+    assert session.prefilled - before == 1 + len(answer)
+    assert len({tuple(c.token_ids) for c in again}) > 1
+    logp = [fresh_logprobs(hf_engine.model, rows[0] + c.token_ids, 1.0) for c in again]
+    for lp, c in zip(logp, again, strict=True):
+        for j, (t, b) in enumerate(zip(c.token_ids, c.logprobs, strict=True)):
+            assert abs(float(lp[len(rows[0]) + j - 1, t]) - b) < 1e-5
