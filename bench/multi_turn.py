@@ -11,8 +11,15 @@ threads for every side):
   worker pool: real worker processes, real pipes) against single-turn sampling of the same
   rows (`HFEngine.complete`, one 3-token reply to the bare prompt), repeated until it has
   sampled at least as many tokens. Rate: sampled tokens / wall. The per-token cost ratio
-  episodes/single is what the turn loop adds (growing rows re-prefilled each turn,
-  environment round trips, bookkeeping); goal <= 1.3.
+  episodes/single is what the turn loop adds (each turn prefills the tokens appended since
+  the last: the observation and the last sampled token, the KV cache of the rest kept by
+  `engines.turn_cache`; environment round trips; bookkeeping); goal <= 1.3. Beside it, the
+  same episodes with the turn cache hidden (`WholeRows`: every turn prefills each row
+  whole, the path before KV reuse and that of engines without a turn session), and whether
+  both sampled the same tokens (same seed). And single-turn through a fresh turn cache per
+  call (`single_prompt_shared`): the prompt prefilled once for all rows. Every row here has
+  the same bare prompt, so that side is nearly pure decode: a lower bound on single-turn
+  cost, not what distinct prompts cost.
 - trainer: one `TrainState.train_step` on the episode groups (loss mask, per-turn
   advantages) against the same token ids as single-turn groups (every completion token in
   the loss, one advantage per sequence): equal tokens, so the ratio is the cost of the
@@ -77,12 +84,31 @@ def episodes_once(engine: Any, pool: Any, args: argparse.Namespace, seed: int) -
     return groups, time.perf_counter() - t0
 
 
-def single_once(engine: Any, rows: int, tokens: int, seed: int) -> tuple[int, float]:
-    """Single-turn 3-token replies to the bare prompt until `tokens` are sampled."""
+class WholeRows:
+    """The engine with its turn cache hidden: every turn prefills each row whole (the
+    episodes' path before KV reuse, and what engines without a turn session do)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.tokenizer = engine, engine.tokenizer
+
+    def complete(self, *args: Any, **kwargs: Any) -> Any:
+        return self.engine.complete(*args, **kwargs)
+
+
+def single_once(
+    engine: Any, rows: int, tokens: int, seed: int, shared: bool = False
+) -> tuple[int, float]:
+    """Single-turn 3-token replies to the bare prompt until `tokens` are sampled. `shared`:
+    through a fresh turn cache per call, so the prompt is prefilled once for all rows (what
+    the episodes' first turn does), not once per row (`complete`)."""
     ids = engine.tokenizer([PROMPT])["input_ids"][0]
     sampled, t0, k = 0, time.perf_counter(), 0
     while sampled < tokens:
-        out = engine.complete([list(ids)] * rows, 3, 1.0, seed=seed * 1000 + k)
+        sample = engine.open_turns().complete if shared else None
+        if sample is not None:
+            out = sample(list(range(rows)), [list(ids)] * rows, 3, 1.0, seed=seed * 1000 + k)
+        else:
+            out = engine.complete([list(ids)] * rows, 3, 1.0, seed=seed * 1000 + k)
         sampled += sum(len(c.token_ids) for c in out)
         k += 1
     return sampled, time.perf_counter() - t0
@@ -153,7 +179,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     engine = HFEngine(load_policy(MODEL, dtype="float32", trainable=False), load_tokenizer(MODEL))
     rows = args.prompts * args.group
-    sides: dict[str, list[float]] = {k: [] for k in ("episodes", "single", "w1", "w2")}
+    sides: dict[str, list[float]] = {
+        k: [] for k in ("episodes", "no_reuse", "single", "shared", "w1", "w2")
+    }
     trainer: dict[str, list[float]] = {"episodes": [], "single": []}
     detail: list[dict[str, Any]] = []
     states = {"episodes": make_state(tmp / "e"), "single": make_state(tmp / "s")}
@@ -167,8 +195,13 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             groups, wall = episodes_once(engine, one, args, seed)
             sampled = sum(sum(e.mask) for g in groups for e in g)
             single_tokens, single_wall = single_once(engine, rows, sampled, seed)
+            shared_tokens, shared_wall = single_once(engine, rows, sampled, seed, shared=True)
+            sides["shared"].append(shared_tokens / shared_wall)
             _, wall2 = episodes_once(engine, two, args, seed)
+            whole, whole_wall = episodes_once(WholeRows(engine), one, args, seed)
+            whole_sampled = sum(sum(e.mask) for g in whole for e in g)
             sides["episodes"].append(sampled / wall)
+            sides["no_reuse"].append(whole_sampled / whole_wall)
             sides["single"].append(single_tokens / single_wall)
             sides["w1"].append(rows / wall)
             sides["w2"].append(rows / wall2)
@@ -179,20 +212,34 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             turns = [len(e.turn_starts) for g in groups for e in g]
             detail.append(
                 {"sampled": sampled, "single_sampled": single_tokens, "episode_s": wall,
-                 "single_s": single_wall, "episode_2w_s": wall2,
-                 "mean_turns": statistics.mean(turns), "trained_groups": len(episodic)}
+                 "single_s": single_wall, "episode_2w_s": wall2, "no_reuse_s": whole_wall,
+                 "single_shared_s": shared_wall, "no_reuse_sampled": whole_sampled,
+                 "same_tokens": _same_tokens(groups, whole), "mean_turns": statistics.mean(turns),
+                 "trained_groups": len(episodic)}
             )  # fmt: skip
     med = {k: statistics.median(v) for k, v in sides.items()}
     tmed = {k: statistics.median(v) for k, v in trainer.items()}
     return {
-        "generator_tokens_per_s": {"episodes": med["episodes"], "single": med["single"]},
+        "generator_tokens_per_s": {
+            "episodes": med["episodes"],
+            "episodes_no_reuse": med["no_reuse"],
+            "single": med["single"],
+            "single_prompt_shared": med["shared"],
+        },
         "generator_cost_per_token_ratio": med["single"] / med["episodes"],
+        "generator_cost_per_token_ratio_no_reuse": med["single"] / med["no_reuse"],
+        "generator_cost_per_token_ratio_vs_shared": med["shared"] / med["episodes"],
         "trainer_tokens_per_s": tmed,
         "trainer_cost_per_token_ratio": tmed["single"] / tmed["episodes"],
         "episodes_per_s": {"env_workers_1": med["w1"], "env_workers_2": med["w2"]},
         "env_workers_2_over_1": med["w2"] / med["w1"],
         "repeats": detail,
     }
+
+
+def _same_tokens(a: list[list[Any]], b: list[list[Any]]) -> bool:
+    """Both runs sampled the same trajectories (same seed, with and without the KV cache)."""
+    return [e.token_ids for g in a for e in g] == [e.token_ids for g in b for e in g]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -207,12 +254,20 @@ def main(argv: list[str] | None = None) -> None:
     save_json(args.out, result)
     g, t = result["generator_tokens_per_s"], result["trainer_tokens_per_s"]
     w = result["episodes_per_s"]
-    print(f"generator tokens/s: episodes {g['episodes']:.1f}  single {g['single']:.1f}")
+    print(
+        f"generator tokens/s: episodes {g['episodes']:.1f}  (no KV reuse "
+        f"{g['episodes_no_reuse']:.1f})  single {g['single']:.1f}  (prompt prefilled once "
+        f"{g['single_prompt_shared']:.1f})"
+    )
     print(f"trainer tokens/s:   episodes {t['episodes']:.1f}  single {t['single']:.1f}")
+    same = all(r["same_tokens"] for r in result["repeats"])
+    print(f"KV reuse sampled the tokens the no-reuse path sampled (same seed): {same}")
     print(f"episodes/s: 1 env worker {w['env_workers_1']:.2f}  2 {w['env_workers_2']:.2f}")
     print(
         f"cost per token episodes/single: generator "
-        f"{result['generator_cost_per_token_ratio']:.2f}x  trainer "
+        f"{result['generator_cost_per_token_ratio']:.2f}x (no KV reuse "
+        f"{result['generator_cost_per_token_ratio_no_reuse']:.2f}x; vs single with its prompt "
+        f"prefilled once {result['generator_cost_per_token_ratio_vs_shared']:.2f}x)  trainer "
         f"{result['trainer_cost_per_token_ratio']:.2f}x (goal <= 1.3)  "
         f"env workers 2/1: {result['env_workers_2_over_1']:.2f}x"
     )

@@ -19,7 +19,8 @@ Invariants (see `grpo_stream.engines.base` for the completion conventions):
 - In-flight updates (`enable_inflight`, generator.inflight_updates): a version fetched on a
   thread (`fetch_in_background`) is applied between two decoding steps of `generate` by the
   generator's hook (`take_fetched`); the decode loop (`grpo_stream.engines.decode`) records
-  which version gave each step's logits. `complete` (episodes) never swaps mid-turn.
+  which version gave each step's logits. `complete` and `open_turns` (episodes) never swap
+  mid-turn; a turn cache filled under an older version is dropped (engines.turn_cache).
 
 Why a hand-written loop rather than `model.generate`: on the CPU it is as fast for the tiny
 model (measured within noise, about 8k tokens/s on one thread, 16 x 8 x 8 tokens), it
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo_stream.config import ModelSettings
+    from grpo_stream.engines.turn_cache import TurnCache
     from grpo_stream.transport.fetch import Replica
     from grpo_stream.transport.relay import Relay
 
@@ -177,12 +179,20 @@ class HFEngine:
         seed: int | None = None,
     ) -> list[Completion]:
         """One continuation of at most `max_tokens` tokens per row of token ids, fed exactly
-        as given (the multi-turn path: `grpo_stream.envs.episodes`). Each turn prefills its
-        whole row again: the KV cache is not kept between turns (cheap at tiny-model sizes)."""
+        as given, each row prefilled whole (stateless; episodes keep the KV cache between
+        turns with `open_turns`)."""
         if not rows or any(not r for r in rows):
             raise ValueError("complete needs non-empty rows of token ids")
         _check_args(["-"], 1, max_tokens, temperature, top_p)
         return self.sample_rows(rows, max_tokens, temperature, top_p, seed)
+
+    def open_turns(self) -> TurnCache:
+        """A KV cache kept between the turns of one batch of episodes: each turn then
+        prefills only the tokens added since the last (`grpo_stream.engines.turn_cache`)."""
+        from grpo_stream.engines.turn_cache import TurnCache
+
+        return TurnCache(self._decoder, self._pad_id, self.device, lambda: self.version,
+                         self._completions)  # fmt: skip
 
     def sample_rows(
         self,

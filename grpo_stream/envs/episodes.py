@@ -3,9 +3,10 @@ token-exact trajectory.
 
 For the G episodes of each prompt, all in lockstep:
 
-    reset every environment (prompt, reference)
+    reset every environment (prompt, reference); open the engine's turn session
     for turn in 1..env.max_turns:
-        sample one reply per live episode from its exact token ids so far
+        sample one reply per live episode from its exact token ids so far (the hf engine
+            keeps the KV cache between turns and prefills only the tokens appended since)
         append the sampled ids (loss mask 1, behaviour log-probs as sampled)
         ask the environment: error -> the episode fails (NaN reward, its error recorded)
                              done  -> the episode ends with its rewards
@@ -30,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -54,6 +55,57 @@ class TurnEngine(Protocol):
         top_p: float = 1.0,
         seed: int | None = None,
     ) -> list[Completion]: ...
+
+
+class TurnSession(Protocol):
+    """One batch of episodes' sampling state between turns (hf: the KV cache, so a turn
+    prefills only what was appended since the last). Row i of a call is episode keys[i]'s
+    whole row so far; an episode absent from a call has ended."""
+
+    def complete(
+        self,
+        keys: list[int],
+        rows: list[list[int]],
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Completion]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class KeepsTurns(Protocol):
+    """An engine that keeps state between turns (`HFEngine.open_turns`)."""
+
+    def open_turns(self) -> TurnSession: ...
+
+
+@dataclass
+class Stateless:
+    """The session of an engine that keeps nothing between turns: each row fed whole."""
+
+    engine: TurnEngine
+
+    def complete(
+        self,
+        keys: list[int],
+        rows: list[list[int]],
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Completion]:
+        return self.engine.complete(rows, max_tokens, temperature, top_p, seed=seed)
+
+    def close(self) -> None:
+        pass
+
+
+def open_session(engine: TurnEngine) -> TurnSession:
+    """The engine's own turn session where it keeps one, else the stateless one."""
+    return engine.open_turns() if isinstance(engine, KeepsTurns) else Stateless(engine)
 
 
 class EnvCalls(Protocol):
@@ -140,11 +192,15 @@ def run_episodes(
     keys = {run.key_base + i: i for i in range(len(eps))}
     starts = {k: (run.prompts[i // g], dict(run.references[i // g])) for k, i in keys.items()}
     _apply_errors(pool, eps, keys, pool.reset(starts))
-    for turn in range(settings.max_turns):
-        live = [k for k, i in keys.items() if not eps[i].ended]
-        if not live:
-            break
-        _play_turn(engine, pool, fmt, settings, run, eps, keys, live, turn)
+    session = open_session(engine)
+    try:
+        for turn in range(settings.max_turns):
+            live = [k for k, i in keys.items() if not eps[i].ended]
+            if not live:
+                break
+            _play_turn(session, pool, fmt, settings, run, eps, keys, live, turn)
+    finally:
+        session.close()
     unfinished = [k for k, i in keys.items() if not eps[i].ended]
     for k in unfinished:  # still playing after max_turns
         eps[keys[k]].truncated = eps[keys[k]].ended = True
@@ -153,7 +209,7 @@ def run_episodes(
 
 
 def _play_turn(
-    engine: TurnEngine,
+    session: TurnSession,
     pool: EnvCalls,
     fmt: TurnFormat,
     settings: EnvSettings,
@@ -173,7 +229,7 @@ def _play_turn(
     n = min(run.max_tokens, max(room.values()))
     rows = [eps[keys[k]].prompt_ids + eps[keys[k]].token_ids for k in live]
     seed = (run.seed * 1_000_003 + turn) % 2**63
-    completions = engine.complete(rows, n, run.temperature, run.top_p, seed=seed)
+    completions = session.complete(live, rows, n, run.temperature, run.top_p, seed=seed)
     actions: dict[int, str] = {}
     ended_with_eos: dict[int, bool] = {}
     for k, c in zip(live, completions, strict=True):
@@ -184,6 +240,7 @@ def _play_turn(
         actions[k] = c.text
         ended_with_eos[k] = bool(c.token_ids) and not c.truncated
     answers = pool.step(actions)
+    going: dict[int, str] = {}
     for k in actions:
         ep, ans = eps[keys[k]], answers[k]
         if ans.step is None:
@@ -194,7 +251,10 @@ def _play_turn(
         if ans.step.done:
             ep.ended = True
             continue
-        ids = fmt.tokens(ans.step.observation, ended_with_eos[k])
+        going[k] = ans.step.observation
+    turns = fmt.tokens_many([(going[k], ended_with_eos[k]) for k in going])  # one call
+    for k, ids in zip(going, turns, strict=True):
+        ep = eps[keys[k]]
         if len(ep.token_ids) + len(ids) > budget:
             ep.truncated = ep.ended = True  # the observation does not fit the budget
             continue

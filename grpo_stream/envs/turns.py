@@ -47,6 +47,14 @@ class TurnFormat:
         )["input_ids"]
         return ids
 
+    def tokens_many(self, turns: list[tuple[str, bool]]) -> list[list[int]]:
+        """`tokens` of each (observation, policy_ended), in one tokenizer call."""
+        if not turns:
+            return []
+        texts = [self.text(observation, ended) for observation, ended in turns]
+        ids: list[list[int]] = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return ids
+
 
 def _between_turns(tokenizer: Any) -> tuple[str, str]:
     """(text before, text after) the observation in the chat template, from the end of an

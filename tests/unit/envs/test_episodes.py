@@ -8,22 +8,29 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from grpo_stream.envs.episodes import Episode, EpisodeRun, run_episodes
+from grpo_stream.engines.turn_cache import TurnCache
+from grpo_stream.envs.episodes import Episode, EpisodeRun, Stateless, open_session, run_episodes
 from grpo_stream.envs.sandbox import EnvPool
 from grpo_stream.envs.settings import EnvSettings
 from grpo_stream.envs.turns import TurnFormat
 
 
 def play(
-    engine: Any, pool: EnvPool, refs: list[dict[str, Any]], group: int = 2, **env: Any
+    engine: Any,
+    pool: EnvPool,
+    refs: list[dict[str, Any]],
+    group: int = 2,
+    via: Any = None,
+    **env: Any,
 ) -> list[Episode]:
+    """`via`: what samples the turns (default: the engine itself)."""
     settings = EnvSettings(name=pool.settings.name, **env)
     run = EpisodeRun(
         prompts=["guess 1-16:"] * len(refs), references=refs, group_size=group,
         max_tokens=3, temperature=1.0, top_p=1.0, seed=7,
     )  # fmt: skip
     fmt = TurnFormat(engine.tokenizer, chat=False)
-    groups = run_episodes(engine, engine.tokenizer, pool, fmt, settings, run)
+    groups = run_episodes(via or engine, engine.tokenizer, pool, fmt, settings, run)
     return [e for g in groups for e in g]
 
 
@@ -84,3 +91,25 @@ def test_an_observation_over_the_budget_truncates_and_is_not_appended(engine, ma
     for ep in eps:
         assert ep.truncated and ep.error is None and len(ep.texts) == 1
         assert all(ep.mask) and len(ep.token_ids) <= 40  # nothing of the observation
+
+
+class WholeRows:
+    """The hf engine without its turn cache: episodes then prefill every row whole."""
+
+    def __init__(self, engine: Any) -> None:
+        self.complete = engine.complete
+
+
+def test_kv_reuse_plays_the_episodes_the_stateless_path_plays(engine, make_pool) -> None:
+    """The hf engine's turn cache (episodes ending at different turns are dropped from it)
+    samples the trajectories that prefilling every row whole samples, with the same seed."""
+    pool = make_pool("guess")
+    refs = [{"target": t, "high": 16} for t in (3, 8, 11, 16)]
+    reused = play(engine, pool, refs, group=4)
+    whole = play(engine, pool, refs, group=4, via=WholeRows(engine))
+    assert isinstance(open_session(engine), TurnCache)
+    assert isinstance(open_session(WholeRows(engine)), Stateless)
+    assert len({len(e.texts) for e in reused}) > 1  # episodes ended at different turns
+    for a, b in zip(reused, whole, strict=True):
+        assert a.token_ids == b.token_ids and a.turn_rewards == b.turn_rewards
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-5

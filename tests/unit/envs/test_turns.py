@@ -48,3 +48,10 @@ def test_a_chat_turn_after_a_truncated_reply_closes_it_with_eos(tok) -> None:
 def test_chat_turns_need_a_chat_template() -> None:
     with pytest.raises(ValueError, match="no chat template"):
         TurnFormat(build_tokenizer(), chat=True)
+
+
+def test_turns_tokenized_together_are_each_turn_tokenized_alone(tok) -> None:
+    fmt = TurnFormat(tok, chat=True)
+    turns = [("higher 9-16:", True), ("", False), ("lower 1-7:", True)]
+    assert fmt.tokens_many(turns) == [fmt.tokens(o, ended) for o, ended in turns]
+    assert fmt.tokens_many([]) == []
