@@ -19,7 +19,9 @@ threads for every side):
   both sampled the same tokens (same seed). And single-turn through a fresh turn cache per
   call (`single_prompt_shared`): the prompt prefilled once for all rows. Every row here has
   the same bare prompt, so that side is nearly pure decode: a lower bound on single-turn
-  cost, not what distinct prompts cost.
+  cost, not what distinct prompts cost. And the single-turn task's own generator path
+  (`single_generate`: `HFEngine.generate` of `--prompts` prompts x `--group`, each prompt
+  prefilled once and its cache repeated for its group's rows, 3-token completions).
 - trainer: one `TrainState.train_step` on the episode groups (loss mask, per-turn
   advantages) against the same token ids as single-turn groups (every completion token in
   the loss, one advantage per sequence): equal tokens, so the ratio is the cost of the
@@ -114,6 +116,20 @@ def single_once(
     return sampled, time.perf_counter() - t0
 
 
+def generate_once(
+    engine: Any, args: argparse.Namespace, tokens: int, seed: int
+) -> tuple[int, float]:
+    """The single-turn task's own generator path until `tokens` are sampled:
+    `HFEngine.generate` of `--prompts` prompts x `--group` 3-token completions (each prompt
+    prefilled once, its cache repeated for the group's rows)."""
+    sampled, t0, k = 0, time.perf_counter(), 0
+    while sampled < tokens:
+        out = engine.generate([PROMPT] * args.prompts, args.group, 3, 1.0, seed=seed * 1000 + k)
+        sampled += sum(len(c.token_ids) for g in out for c in g.completions)
+        k += 1
+    return sampled, time.perf_counter() - t0
+
+
 def train_groups(groups: list[list[Any]]) -> tuple[list[Any], list[Any]]:
     """The episode groups as the hub builds them, and the same tokens as single-turn groups."""
     import dataclasses
@@ -180,7 +196,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     engine = HFEngine(load_policy(MODEL, dtype="float32", trainable=False), load_tokenizer(MODEL))
     rows = args.prompts * args.group
     sides: dict[str, list[float]] = {
-        k: [] for k in ("episodes", "no_reuse", "single", "shared", "w1", "w2")
+        k: [] for k in ("episodes", "no_reuse", "single", "shared", "generate", "w1", "w2")
     }
     trainer: dict[str, list[float]] = {"episodes": [], "single": []}
     detail: list[dict[str, Any]] = []
@@ -197,6 +213,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             single_tokens, single_wall = single_once(engine, rows, sampled, seed)
             shared_tokens, shared_wall = single_once(engine, rows, sampled, seed, shared=True)
             sides["shared"].append(shared_tokens / shared_wall)
+            gen_tokens, gen_wall = generate_once(engine, args, sampled, seed)
+            sides["generate"].append(gen_tokens / gen_wall)
             _, wall2 = episodes_once(engine, two, args, seed)
             whole, whole_wall = episodes_once(WholeRows(engine), one, args, seed)
             whole_sampled = sum(sum(e.mask) for g in whole for e in g)
@@ -213,7 +231,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             detail.append(
                 {"sampled": sampled, "single_sampled": single_tokens, "episode_s": wall,
                  "single_s": single_wall, "episode_2w_s": wall2, "no_reuse_s": whole_wall,
-                 "single_shared_s": shared_wall, "no_reuse_sampled": whole_sampled,
+                 "single_shared_s": shared_wall, "single_generate_s": gen_wall,
+                 "no_reuse_sampled": whole_sampled,
                  "same_tokens": _same_tokens(groups, whole), "mean_turns": statistics.mean(turns),
                  "trained_groups": len(episodic)}
             )  # fmt: skip
@@ -225,7 +244,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "episodes_no_reuse": med["no_reuse"],
             "single": med["single"],
             "single_prompt_shared": med["shared"],
+            "single_generate": med["generate"],
         },
+        "generator_cost_per_token_ratio_vs_generate": med["generate"] / med["episodes"],
         "generator_cost_per_token_ratio": med["single"] / med["episodes"],
         "generator_cost_per_token_ratio_no_reuse": med["single"] / med["no_reuse"],
         "generator_cost_per_token_ratio_vs_shared": med["shared"] / med["episodes"],
@@ -257,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"generator tokens/s: episodes {g['episodes']:.1f}  (no KV reuse "
         f"{g['episodes_no_reuse']:.1f})  single {g['single']:.1f}  (prompt prefilled once "
-        f"{g['single_prompt_shared']:.1f})"
+        f"{g['single_prompt_shared']:.1f}; through generate {g['single_generate']:.1f})"
     )
     print(f"trainer tokens/s:   episodes {t['episodes']:.1f}  single {t['single']:.1f}")
     same = all(r["same_tokens"] for r in result["repeats"])
@@ -267,7 +288,9 @@ def main(argv: list[str] | None = None) -> None:
         f"cost per token episodes/single: generator "
         f"{result['generator_cost_per_token_ratio']:.2f}x (no KV reuse "
         f"{result['generator_cost_per_token_ratio_no_reuse']:.2f}x; vs single with its prompt "
-        f"prefilled once {result['generator_cost_per_token_ratio_vs_shared']:.2f}x)  trainer "
+        f"prefilled once {result['generator_cost_per_token_ratio_vs_shared']:.2f}x; vs the "
+        f"single-turn task's generate {result['generator_cost_per_token_ratio_vs_generate']:.2f}x)"
+        f"  trainer "
         f"{result['trainer_cost_per_token_ratio']:.2f}x (goal <= 1.3)  "
         f"env workers 2/1: {result['env_workers_2_over_1']:.2f}x"
     )
