@@ -47,7 +47,7 @@ REPORT_TIMEOUT_S = 300.0
 receiver that hears no new version for this long ends)."""
 
 
-def qwen2_likeshapes_of(
+def qwen2_like_shapes(
     layers: int = 24,
     hidden: int = 896,
     intermediate: int = 4864,
@@ -123,7 +123,7 @@ class Source:
 
 
 def shapes_of(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...]]]:
-    return qwen2_likeshapes_of(
+    return qwen2_like_shapes(
         layers=args.layers, hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab
     )
 
@@ -376,7 +376,7 @@ def run_phases(args: argparse.Namespace) -> dict[str, Any]:
     counts = sorted(out["fanout"])
     out["fanout_ratio"] = out["fanout"][counts[-1]]["seconds"] / out["fanout"][counts[0]]["seconds"]
     torch.set_num_threads(1)
-    shapes = qwen2_likeshapes_of(layers=args.delta_layers)
+    shapes = qwen2_like_shapes(layers=args.delta_layers)
     print(f"deltas: {shape_bytes(shapes, 2) / GIB:.3f} GiB bf16 set, real AdamW steps:")
     out["delta"] = {}
     for lr in [float(x) for x in args.delta_lrs.split(",")]:
