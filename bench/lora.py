@@ -16,7 +16,7 @@ for every run): mean reward of the first and last --window steps after --steps s
 fine-tuning at --full-lr and LoRA at each of --lora-lrs; each LoRA run's gain as a fraction
 of the full run's gain, and the best lr.
 
-Run: flock /tmp/grpo-bench.lock python -m bench.lora [--part all|weights|reward] [--steps 60]
+Run: python -m bench.lora [--part all|weights|reward] [--steps 60]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the turn loop costs: multi-turn `guess` episodes beside single-turn sampling, per
 token, on the generator and on the trainer; and episodes/s with 1 vs 2 env workers.
 
-    flock /tmp/grpo-bench.lock python -m bench.multi_turn
+    python -m bench.multi_turn
 
 All in this process, on the shipped tiny-guess model (hf engine, CPU, the same torch
 threads for every side):
@@ -11,7 +11,8 @@ threads for every side):
   worker pool: real worker processes, real pipes) against single-turn sampling of the same
   rows (`HFEngine.complete`, one 3-token reply to the bare prompt), repeated until it has
   sampled at least as many tokens. Rate: sampled tokens / wall. The per-token cost ratio
-  episodes/single is what the turn loop adds (each turn prefills the tokens appended since
+  episodes/single (headline: against `single_generate` below, the single-turn task's own
+  path) is what the turn loop adds (each turn prefills the tokens appended since
   the last: the observation and the last sampled token, the KV cache of the rest kept by
   `engines.turn_cache`; environment round trips; bookkeeping); goal <= 1.3. Beside it, the
   same episodes with the turn cache hidden (`WholeRows`: every turn prefills each row
@@ -285,12 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"KV reuse sampled the tokens the no-reuse path sampled (same seed): {same}")
     print(f"episodes/s: 1 env worker {w['env_workers_1']:.2f}  2 {w['env_workers_2']:.2f}")
     print(
-        f"cost per token episodes/single: generator "
-        f"{result['generator_cost_per_token_ratio']:.2f}x (no KV reuse "
-        f"{result['generator_cost_per_token_ratio_no_reuse']:.2f}x; vs single with its prompt "
-        f"prefilled once {result['generator_cost_per_token_ratio_vs_shared']:.2f}x; vs the "
-        f"single-turn task's generate {result['generator_cost_per_token_ratio_vs_generate']:.2f}x)"
-        f"  trainer "
+        f"cost per token episodes/single: generator vs the single-turn task's generate "
+        f"{result['generator_cost_per_token_ratio_vs_generate']:.2f}x (vs complete, one "
+        f"prefill per row {result['generator_cost_per_token_ratio']:.2f}x; no KV reuse "
+        f"{result['generator_cost_per_token_ratio_no_reuse']:.2f}x; vs one shared prefill "
+        f"{result['generator_cost_per_token_ratio_vs_shared']:.2f}x)  trainer "
         f"{result['trainer_cost_per_token_ratio']:.2f}x (goal <= 1.3)  "
         f"env workers 2/1: {result['env_workers_2_over_1']:.2f}x"
     )

@@ -23,7 +23,7 @@ samples its RSS every 5 ms; activation memory = peak RSS during the step - RSS b
 Their step times are not compared (they share the cores): the time cost comes from the
 interleaved steps above.
 
-Run: flock /tmp/grpo-bench.lock python -m bench.trainer_tokens [--steps 1] [--threads 2]
+Run: python -m bench.trainer_tokens [--steps 1] [--threads 2]
 [--model PATH: a 10x model built before, skips the build]
 Last line: `ratio packed/padded tokens/s: R`.
 """
