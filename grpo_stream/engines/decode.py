@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     import torch
 
 
+Step = tuple["torch.Tensor", dict[str, Any], "torch.Tensor"]
+"""What a step continues from: last logits (B, V), the cache by keyword, next positions."""
+
+
 @dataclass
 class Decoded:
     """What one decode loop sampled: (B, N) tokens and log-probs, N <= max_tokens."""
@@ -63,10 +67,7 @@ class Decoder:
         """Sample up to `max_tokens` steps from left-padded `input_ids` (P, T) under `mask`,
         `repeats` samples of each row (B = P * repeats output rows, a row's samples adjacent).
         `version()` is the version the model holds now; `between_steps` may change it."""
-        import torch
 
-        device = input_ids.device
-        eos = torch.tensor(sorted(self.eos_ids), device=device)
         out, cache, next_pos = self._prefill(input_ids, mask)
         logits = out.logits[:, -1, :]  # (P, V)
         if repeats > 1:  # one prefill per distinct row, its cache shared by its samples
@@ -74,7 +75,62 @@ class Decoder:
             logits, next_pos, input_ids, mask = (
                 t.repeat_interleave(repeats, dim=0) for t in (logits, next_pos, input_ids, mask)
             )
-        batch = input_ids.shape[0]
+
+        swap = (
+            None
+            if between_steps is None
+            else self._swap(input_ids, version, between_steps, keep_kv)
+        )
+        got, _ = self.steps(
+            logits, cache, mask, next_pos, max_tokens, temperature, top_p, generator, version, swap
+        )
+        return got
+
+    def _swap(
+        self,
+        input_ids: torch.Tensor,
+        version: Callable[[], int],
+        between_steps: Callable[[], None],
+        keep_kv: bool,
+    ) -> Callable[[list[torch.Tensor], torch.Tensor], Step | None]:
+        """`steps`' in-flight hook: run `between_steps` (it may swap in a new version); on a
+        new version without `keep_kv`, prefill the rows so far again under it."""
+        import torch
+
+        def swap(tokens: list[torch.Tensor], mask: torch.Tensor) -> Step | None:
+            before = version()
+            between_steps()
+            if version() == before or keep_kv:
+                return None
+            rows = torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=-1)
+            out, cache, next_pos = self._prefill(rows, mask)
+            return out.logits[:, -1, :], cache, next_pos
+
+        return swap
+
+    def steps(
+        self,
+        logits: torch.Tensor,
+        cache: dict[str, Any],
+        mask: torch.Tensor,
+        next_pos: torch.Tensor,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        generator: torch.Generator | None,
+        version: Callable[[], int],
+        swap: Callable[[list[torch.Tensor], torch.Tensor], Step | None] | None = None,
+    ) -> tuple[Decoded, torch.Tensor]:
+        """The sampling steps from the last logits (B, V) of rows whose KV is in `cache`
+        (keyword name -> cache) under `mask` (B, T), next positions `next_pos` (B, 1): up to
+        `max_tokens` tokens per row, a row done at its first end-of-sequence token. Between two
+        steps `swap(tokens so far, mask)` may change the weights and return a fresh
+        (logits, cache, next positions) for them. Returns what was sampled and the mask over
+        the cache at the end (the last token sampled never runs through the model)."""
+        import torch
+
+        batch, device = logits.shape[0], logits.device
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
         held = version()
         lengths = torch.full((batch,), max_tokens, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -93,15 +149,11 @@ class Decoder:
             if step == max_tokens - 1 or bool(finished.all()):
                 break
             mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
-            if between_steps is not None:
-                between_steps()
-                if version() != held:
-                    held = version()
-                    if not keep_kv:  # the rows so far again, under the new weights
-                        rows = torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=-1)
-                        out, cache, next_pos = self._prefill(rows, mask)
-                        logits = out.logits[:, -1, :]
-                        continue
+            fresh = None if swap is None else swap(tokens, mask)
+            held = version()
+            if fresh is not None:
+                logits, cache, next_pos = fresh
+                continue
             out = self.model(
                 input_ids=tok[:, None],
                 attention_mask=mask,
@@ -111,9 +163,10 @@ class Decoder:
             )
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
-        return Decoded(
+        got = Decoded(
             torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), lengths, step_versions
         )
+        return got, mask
 
     def _prefill(
         self, input_ids: torch.Tensor, mask: torch.Tensor

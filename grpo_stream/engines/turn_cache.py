@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from grpo_stream.engines.base import Completion
-from grpo_stream.engines.decode import Decoded, Decoder, draw
+from grpo_stream.engines.decode import Decoded, Decoder
 
 if TYPE_CHECKING:
     import torch
@@ -208,42 +208,20 @@ class TurnCache:
         top_p: float,
         generator: torch.Generator | None,
     ) -> Decoded:
-        """The decode steps (as `Decoder.run` without in-flight swaps), then the cache keeps
-        the KV of each row's tokens up to its end of sequence; later ones become holes."""
-        import torch
-
+        """The decode steps (`Decoder.steps`, no in-flight swaps), then the cache keeps the KV
+        of each row's tokens up to its end of sequence; later ones become holes."""
         mask = self._mask_now()
-        batch, start = mask.shape
-        eos = torch.tensor(sorted(self.decoder.eos_ids), device=self.device)
-        lengths = torch.full((batch,), max_tokens, dtype=torch.long, device=self.device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        tokens: list[torch.Tensor] = []
-        logprobs: list[torch.Tensor] = []
-        for step in range(max_tokens):
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
-            tok = draw(logp, top_p, generator)  # (B,)
-            tokens.append(tok)
-            logprobs.append(logp.gather(-1, tok[:, None])[:, 0])
-            ended = ~finished & torch.isin(tok, eos)
-            lengths[ended] = step + 1
-            finished |= ended
-            if step == max_tokens - 1 or bool(finished.all()):
-                break
-            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
-            out = self.decoder.model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                use_cache=True,
-                **{self.decoder.cache_arg: self._cache},
-            )
-            logits = out.logits[:, -1, :]
-            next_pos = next_pos + 1
-        got = Decoded(
-            torch.stack(tokens, dim=1),
-            torch.stack(logprobs, dim=1),
-            lengths,
-            [self._held] * len(tokens),
+        start = mask.shape[1]
+        got, mask = self.decoder.steps(
+            logits,
+            {self.decoder.cache_arg: self._cache},
+            mask,
+            next_pos,
+            max_tokens,
+            temperature,
+            top_p,
+            generator,
+            lambda: self._held,
         )
         self._keep_decoded(mask, start, got)
         return got
