@@ -23,6 +23,38 @@ def next_due(version: int, every: int) -> int:
     return (version // every + 1) * every
 
 
+class Announcements:
+    """The trainer's weight announcements, followed across trainer restarts (a Welcome with
+    a new announce address re-subscribes)."""
+
+    def __init__(self, link: Session) -> None:
+        self.link = link
+        self.watcher: WeightsWatcher | None = None
+        self.watched: str | None = None
+        self.late = False
+
+    def poll(self) -> int | None:
+        """The latest announced version so far (None: none yet)."""
+        address = self.link.peers.get("announce")
+        if address is not None and address != self.watched:
+            if self.watcher is not None:
+                self.watcher.close()
+            cfg = self.link.cfg
+            self.watcher = WeightsWatcher(self.link.ctx, address, cfg.transport, self.link.security)
+            self.watched = address
+            self.late = True
+        return self.watcher.poll(0) if self.watcher is not None else None
+
+    def take_late(self) -> bool:
+        """True once after each new subscription: announcements sent before it are lost."""
+        late, self.late = self.late, False
+        return late
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+
+
 def serve_evaluator(link: Session) -> int:
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.evaluator.online import OnlineEval
@@ -34,23 +66,22 @@ def serve_evaluator(link: Session) -> int:
         while not stop.set:
             link.recv(timeout_ms=200)
         return 0
+    follow = Announcements(link)
+    follow.poll()  # subscribe before the first evaluation: a fast trainer announces meanwhile
     engine = HFEngine.from_settings(cfg.model, cfg.transport, link.security, cfg.eval.device)
     online = OnlineEval.build(cfg, engine.tokenizer)
-    watcher: WeightsWatcher | None = None
-    watched: str | None = None
     try:
         online.run(engine, step=engine.version)
         due = next_due(engine.version, cfg.eval.every)
         while not stop.set:
             link.recv(timeout_ms=50)  # Welcome (new trainer addresses), Shutdown
-            address = link.peers.get("announce")
-            if address is not None and address != watched:
-                if watcher is not None:
-                    watcher.close()
-                watcher = WeightsWatcher(link.ctx, address, cfg.transport, link.security)
-                watched = address
-            announced = watcher.poll(0) if watcher is not None else None
-            if announced is None or announced < due or "weights" not in link.peers:
+            announced = follow.poll()
+            if "weights" not in link.peers:
+                continue
+            # subscribed after the trainer announced (a Welcome naming it came late): what it
+            # announced before is lost to us, so ask its server once for the newest version
+            late = announced is None and follow.take_late()
+            if not late and (announced is None or announced < due):
                 continue
             version = engine.update_from_server(link.peers["weights"], -1)
             if version >= due:
@@ -58,8 +89,7 @@ def serve_evaluator(link: Session) -> int:
                 due = next_due(version, cfg.eval.every)
             link.stats.update(evaluated_version=version)
     finally:
-        if watcher is not None:
-            watcher.close()
+        follow.close()
         online.close()
         engine.close()
     return 0
