@@ -212,12 +212,3 @@ def test_gate_dispatches_at_most_twice_groups_per_step_per_step() -> None:
     ledger = make(gps=4, staleness=1)
     _end(ledger, trained=0, filtered=8)
     assert ledger.per_step() == 8
-
-
-def test_with_filtered_groups_a_step_of_dispatch_may_use_the_version_before_the_trainers() -> None:
-    ledger = make(gps=4, staleness=1)
-    _end(ledger, trained=6, filtered=2)  # a step consumes 16/3 dispatched groups
-    ledger.next_version = 5
-    _, first = ledger.take_for_generation("g0", 5, now=0.0) or (None, -1)
-    _, second = ledger.take_for_generation("g0", 5, now=0.0) or (None, -1)
-    assert (first, second) == (4, 5)  # five fit in the step trained at 5 (four without filtering)
