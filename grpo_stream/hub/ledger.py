@@ -107,25 +107,23 @@ class Ledger:
         """Groups that will still reach the trainer for the first time."""
         return len(self.stage)
 
-    def per_step(self) -> float:
+    def per_step(self) -> int:
         """Dispatched groups one trainer step consumes: groups_per_step over the share of the
         last KEPT_WINDOW trained-or-filtered groups that were trained (at most twice it;
         groups_per_step until a step's worth has ended)."""
         kept, seen = sum(self._kept), len(self._kept)
         if seen < self.groups_per_step:
-            return float(self.groups_per_step)
-        return min(2.0 * self.groups_per_step, self.groups_per_step * seen / max(kept, 1))
+            return self.groups_per_step
+        return min(2 * self.groups_per_step, math.ceil(self.groups_per_step * seen / max(kept, 1)))
 
     def capacity(self) -> int:
         """How many more groups the staleness gate lets out now."""
-        window = math.floor(self.per_step() * (self.max_staleness + 1))
-        return max(0, window - self.in_pipeline())
+        return max(0, self.per_step() * (self.max_staleness + 1) - self.in_pipeline())
 
     def min_version(self, count: int) -> int:
         """Policy version a batch of `count` new prompts must be generated with (at least)."""
         last = self.in_pipeline() + count - 1
-        ahead = math.floor(last / self.per_step())
-        return max(0, self.next_version + ahead - self.max_staleness)
+        return max(0, self.next_version + last // self.per_step() - self.max_staleness)
 
     def take_for_generation(self, holder: str, want: int, now: float) -> tuple[Lease, int] | None:
         """Lease up to `want` groups (retries first, then new dataset indices)."""

@@ -196,9 +196,9 @@ def _end(ledger: Ledger, trained: int, filtered: int) -> None:
 def test_gate_dispatches_a_step_of_groups_that_reach_the_trainer_when_some_are_filtered() -> None:
     ledger = make(gps=4, staleness=1)
     _end(ledger, trained=6, filtered=2)  # a quarter filtered: a step takes 4 / 0.75 groups
-    assert ledger.per_step() == pytest.approx(16 / 3)
+    assert ledger.per_step() == 6
     lease, _ = ledger.take_for_generation("g0", 100, now=0.0) or (None, 0)
-    assert lease is not None and len(lease.group_ids) == 10  # 16/3 x (max_staleness + 1)
+    assert lease is not None and len(lease.group_ids) == 12  # per_step x (max_staleness + 1)
     ledger.check_invariant()
 
 
