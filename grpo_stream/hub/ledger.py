@@ -21,24 +21,18 @@ rollout where it is not); the highest version a trainer can plausibly name is
 `plausible_trainer_version`.
 
 The gate: a prompt dispatched now sits behind `in_pipeline` others; those are consumed
-`per_step` per trainer step starting at `next_version`, so it will be trained at
-version next_version + position // per_step. It is dispatched only if that is at
+`groups_per_step` per trainer step starting at `next_version`, so it will be trained at
+version next_version + position // groups_per_step. It is dispatched only if that is at
 most `max_staleness` steps after the version it is generated with (`min_version`).
-`per_step` is `groups_per_step` over the fraction of recent groups that reached the trainer
-rather than being filtered (zero signal): filtered groups leave the pipeline without taking a
-step's place, so a step consumes more than `groups_per_step` dispatched groups.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-KEPT_WINDOW = 256
-"""Groups (trained or filtered) over which the gate measures the share that is trained."""
 Stage = Literal["queued", "generating", "to_score", "scoring", "buffered"]
 Outcome = Literal["trained", "filtered", "stale", "failed", "discarded"]
 TERMINAL = ("trained", "filtered", "stale", "failed", "discarded")
@@ -73,8 +67,6 @@ class Ledger:
     counters: Counter[str] = field(default_factory=Counter)
     _next_lease: int = 1
     _held: Counter[str] = field(default_factory=Counter)  # groups being generated, per holder
-    _kept: deque[bool] = field(default_factory=lambda: deque(maxlen=KEPT_WINDOW))
-    """Of the last groups trained or filtered, which were trained (not checkpointed)."""
 
     # ----- versions and staleness: the one owner ----------------------------------------
     def observe_trainer(self, version: int) -> None:
@@ -107,23 +99,14 @@ class Ledger:
         """Groups that will still reach the trainer for the first time."""
         return len(self.stage)
 
-    def per_step(self) -> int:
-        """Dispatched groups one trainer step consumes: groups_per_step over the share of the
-        last KEPT_WINDOW trained-or-filtered groups that were trained (at most twice it;
-        groups_per_step until a step's worth has ended)."""
-        kept, seen = sum(self._kept), len(self._kept)
-        if seen < self.groups_per_step:
-            return self.groups_per_step
-        return min(2 * self.groups_per_step, math.ceil(self.groups_per_step * seen / max(kept, 1)))
-
     def capacity(self) -> int:
         """How many more groups the staleness gate lets out now."""
-        return max(0, self.per_step() * (self.max_staleness + 1) - self.in_pipeline())
+        return max(0, self.groups_per_step * (self.max_staleness + 1) - self.in_pipeline())
 
     def min_version(self, count: int) -> int:
         """Policy version a batch of `count` new prompts must be generated with (at least)."""
         last = self.in_pipeline() + count - 1
-        return max(0, self.next_version + last // self.per_step() - self.max_staleness)
+        return max(0, self.next_version + last // self.groups_per_step - self.max_staleness)
 
     def take_for_generation(self, holder: str, want: int, now: float) -> tuple[Lease, int] | None:
         """Lease up to `want` groups (retries first, then new dataset indices)."""
@@ -207,8 +190,6 @@ class Ledger:
         self._release(group_id)
         del self.stage[group_id]
         self.counters[outcome] += 1
-        if outcome in ("trained", "filtered"):
-            self._kept.append(outcome == "trained")
 
     def discard_trained(self, n: int) -> None:
         """`n` trained groups belonged to steps the trainer discarded (it went back to an

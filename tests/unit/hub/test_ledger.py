@@ -180,35 +180,3 @@ def test_held_by_counts_what_each_generator_is_generating_through_its_leases() -
     assert ledger.held_by() == {}
     ledger.take_for_generation("gen-c", 4, now=12.0)  # the retries first
     assert ledger.held_by() == {"gen-c": 4}
-
-
-def _end(ledger: Ledger, trained: int, filtered: int) -> None:
-    """Dispatch and end `trained` + `filtered` groups (the gate reopens as they end)."""
-    outcomes = ["trained"] * trained + ["filtered"] * filtered
-    while outcomes:
-        lease, _ = ledger.take_for_generation("g0", len(outcomes), now=0.0) or (None, 0)
-        assert lease is not None
-        for gid in sorted(lease.group_ids):
-            ledger.accept_rollout(gid)
-            ledger.finish(gid, outcomes.pop())  # type: ignore[arg-type]
-
-
-def test_gate_dispatches_a_step_of_groups_that_reach_the_trainer_when_some_are_filtered() -> None:
-    ledger = make(gps=4, staleness=1)
-    _end(ledger, trained=6, filtered=2)  # a quarter filtered: a step takes 4 / 0.75 groups
-    assert ledger.per_step() == 6
-    lease, _ = ledger.take_for_generation("g0", 100, now=0.0) or (None, 0)
-    assert lease is not None and len(lease.group_ids) == 12  # per_step x (max_staleness + 1)
-    ledger.check_invariant()
-
-
-def test_gate_keeps_groups_per_step_while_nothing_is_filtered() -> None:
-    ledger = make(gps=4, staleness=1)
-    _end(ledger, trained=8, filtered=0)
-    assert ledger.per_step() == 4
-
-
-def test_gate_dispatches_at_most_twice_groups_per_step_per_step() -> None:
-    ledger = make(gps=4, staleness=1)
-    _end(ledger, trained=0, filtered=8)
-    assert ledger.per_step() == 8
