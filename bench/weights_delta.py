@@ -65,7 +65,7 @@ def measure_deltas(
     """Step every tensor `steps` times with AdamW at `lr`; bytes each version would travel."""
     import torch
 
-    from grpo_stream.protocols.codec import from_torch
+    from grpo_stream.protocols.arrays import from_torch
     from grpo_stream.transport.delta import encode_delta
 
     totals = DeltaTotals(xor=[0] * steps, runs=[0] * steps, changed=[0] * steps)

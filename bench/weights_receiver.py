@@ -27,7 +27,7 @@ class SyntheticTarget:
     def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], dtype: str) -> None:
         import numpy as np
 
-        from grpo_stream.protocols.codec import wire_dtypes
+        from grpo_stream.protocols.arrays import wire_dtypes
 
         wire = wire_dtypes()["bfloat16" if dtype == "bf16" else "float32"]
         self.arrays = {name: np.zeros(shape, dtype=wire) for name, shape in shapes}

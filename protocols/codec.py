@@ -15,8 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -24,27 +22,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgpack
 import numpy as np
 
+from grpo_stream.protocols.arrays import as_numpy, names_by_dtype, wire_dtypes
+from grpo_stream.protocols.errors import ProtocolError
 from grpo_stream.protocols.messages import MESSAGES
-from grpo_stream.protocols.schema import Array, FieldSpec, Message, Struct, schema
+from grpo_stream.protocols.schema import FieldSpec, Message, Struct, schema
 
 if TYPE_CHECKING:
-    import torch
     import zmq
 
 PROTO_VERSION = 4
 """The protocol's major version; a peer with another one is refused."""
 
 _MAX_NDIM = 32
-
-
-class ProtocolError(Exception):
-    """A message could not be encoded or decoded; `code` says why (see SPEC.md)."""
-
-    def __init__(self, code: str, message: str, kind: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -58,67 +47,6 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-@functools.cache
-def wire_dtypes() -> dict[str, np.dtype[Any]]:
-    """Dtype name on the wire -> little-endian numpy dtype (bfloat16 from ml_dtypes)."""
-    import ml_dtypes
-
-    names = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
-    names += ["float16", "float32", "float64"]
-    table = {name: np.dtype(name).newbyteorder("<") for name in names}
-    table["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
-    return table
-
-
-@functools.cache
-def _names_by_dtype() -> dict[np.dtype[Any], str]:
-    # dtype.name is a slow Python property; encode looks dtypes up here instead.
-    return {dtype: name for name, dtype in wire_dtypes().items()}
-
-
-def from_torch(tensor: torch.Tensor) -> Array:
-    """A CPU numpy view of a tensor (bf16 becomes ml_dtypes.bfloat16); copies only off-CPU."""
-    import torch
-
-    t = tensor.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(wire_dtypes()["bfloat16"])
-    try:
-        return t.numpy()
-    except TypeError as exc:
-        raise ProtocolError("bad_type", f"torch dtype {t.dtype} cannot travel") from exc
-
-
-def as_numpy(value: Any) -> Array:
-    """The numpy array behind an Array field value (np.ndarray or torch.Tensor)."""
-    if isinstance(value, np.ndarray):
-        return value
-    torch = sys.modules.get("torch")  # a tensor exists only if torch was imported
-    if torch is not None and isinstance(value, torch.Tensor):
-        return from_torch(value)
-    raise ProtocolError("bad_type", f"expected an array, got {type(value).__name__}")
-
-
-def arrays_equal(a: Any, b: Any) -> bool:
-    """Same wire dtype, shape and element bytes (NaN equals NaN bit for bit; byte order ignored)."""
-    x, y = as_numpy(a), as_numpy(b)
-    if x.dtype.name != y.dtype.name or x.shape != y.shape:
-        return False
-    little = x.dtype.newbyteorder("<")
-    return bool(x.astype(little, copy=False).tobytes() == y.astype(little, copy=False).tobytes())
-
-
-def to_torch(arr: Array) -> torch.Tensor:
-    """A torch tensor over a decoded array (bf16 via an int16 view); copies read-only input."""
-    import torch
-
-    if not arr.flags.writeable or any(s < 0 for s in arr.strides):
-        arr = np.array(arr, copy=True)
-    if arr.dtype == wire_dtypes()["bfloat16"]:
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
-
-
 # --- encode -----------------------------------------------------------------------------
 
 
@@ -127,7 +55,7 @@ def _wire_array(value: Any, where: str) -> tuple[dict[str, Any], memoryview]:
         arr = as_numpy(value)
     except ProtocolError as exc:
         raise ProtocolError("bad_type", f"{where}: {exc.message}") from None
-    names = _names_by_dtype()
+    names = names_by_dtype()
     name = names.get(arr.dtype)
     if name is None and arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))

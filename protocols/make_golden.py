@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from grpo_stream.protocols import messages as m
-from grpo_stream.protocols.codec import encode, wire_dtypes
+from grpo_stream.protocols.arrays import wire_dtypes
+from grpo_stream.protocols.codec import encode
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 

@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 import numpy.typing as npt
 
+from grpo_stream.protocols.arrays import arrays_equal
+
 Array: TypeAlias = npt.NDArray[Any]
 """An n-dimensional array field: one raw frame on the wire, dtype and shape in the header."""
 
@@ -102,9 +104,7 @@ def schema(cls: type[Message] | type[Struct]) -> tuple[FieldSpec, ...]:
 
 
 def _same_array(a: Any, b: Any) -> bool:
-    from grpo_stream.protocols.codec import arrays_equal  # codec imports this module
-
-    return bool(arrays_equal(a, b))
+    return arrays_equal(a, b)
 
 
 def _structs() -> dict[str, type[Struct]]:

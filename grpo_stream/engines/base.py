@@ -126,7 +126,7 @@ def to_torch(value: torch.Tensor | np.ndarray) -> torch.Tensor:
     """A torch tensor for a received array (ml_dtypes bfloat16 included); tensors pass through."""
     import torch
 
-    from grpo_stream.protocols.codec import to_torch as array_to_torch
+    from grpo_stream.protocols.arrays import to_torch as array_to_torch
 
     if isinstance(value, torch.Tensor):
         return value

@@ -29,7 +29,8 @@ from typing import Any, ClassVar
 import structlog
 import zmq
 
-from grpo_stream.protocols.codec import Limits, ProtocolError, decode, encode
+from grpo_stream.protocols.codec import Limits, decode, encode
+from grpo_stream.protocols.errors import ProtocolError
 from grpo_stream.protocols.messages import Error, Hello, Message, Welcome
 from grpo_stream.ratelimit import LOG_EVERY_S, RateLimit
 from grpo_stream.transport.curve import secure_client, secure_server, stop_authenticator

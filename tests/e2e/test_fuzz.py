@@ -27,7 +27,8 @@ import pytest
 import zmq
 
 from grpo_stream.protocols import messages as m
-from grpo_stream.protocols.codec import PROTO_VERSION, ProtocolError, decode, encode
+from grpo_stream.protocols.codec import PROTO_VERSION, decode, encode
+from grpo_stream.protocols.errors import ProtocolError
 from grpo_stream.protocols.make_golden import step_stats_example
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Server, close_context, make_context

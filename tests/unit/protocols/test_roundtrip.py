@@ -20,7 +20,7 @@ from grpo_stream.protocols import (
     decode,
     encode,
 )
-from grpo_stream.protocols.codec import wire_dtypes
+from grpo_stream.protocols.arrays import wire_dtypes
 from grpo_stream.protocols.messages import SamplingParams
 from grpo_stream.protocols.schema import FieldSpec, Struct, schema
 

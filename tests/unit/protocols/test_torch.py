@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from grpo_stream.protocols import Array, WeightsChunk, decode, encode, from_torch, to_torch
-from grpo_stream.protocols.codec import wire_dtypes
+from grpo_stream.protocols.arrays import wire_dtypes
 
 torch.set_num_threads(1)
 

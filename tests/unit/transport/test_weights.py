@@ -16,7 +16,8 @@ import torch
 import zmq
 
 from grpo_stream.models.testing import tiny_gpt2
-from grpo_stream.protocols.codec import decode, encode, to_torch
+from grpo_stream.protocols.arrays import to_torch
+from grpo_stream.protocols.codec import decode, encode
 from grpo_stream.protocols.messages import WeightsChunk, WeightsRequest
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
 from grpo_stream.transport.fetch import Replica, WeightsWatcher, fetch_weights

@@ -1,0 +1,81 @@
+"""Arrays on the wire: the dtypes that travel and the numpy/torch views over them.
+
+Decoded arrays are numpy views over frame buffers; bfloat16 travels as ml_dtypes.bfloat16 and
+becomes torch.bfloat16 through an int16 view, so no conversion copies the payload.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from grpo_stream.protocols.errors import ProtocolError
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpo_stream.protocols.schema import Array
+
+
+@functools.cache
+def wire_dtypes() -> dict[str, np.dtype[Any]]:
+    """Dtype name on the wire -> little-endian numpy dtype (bfloat16 from ml_dtypes)."""
+    import ml_dtypes
+
+    names = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+    names += ["float16", "float32", "float64"]
+    table = {name: np.dtype(name).newbyteorder("<") for name in names}
+    table["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
+    return table
+
+
+@functools.cache
+def names_by_dtype() -> dict[np.dtype[Any], str]:
+    # dtype.name is a slow Python property; encode looks dtypes up here instead.
+    return {dtype: name for name, dtype in wire_dtypes().items()}
+
+
+def from_torch(tensor: torch.Tensor) -> Array:
+    """A CPU numpy view of a tensor (bf16 becomes ml_dtypes.bfloat16); copies only off-CPU."""
+    import torch
+
+    t = tensor.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(wire_dtypes()["bfloat16"])
+    try:
+        return t.numpy()
+    except TypeError as exc:
+        raise ProtocolError("bad_type", f"torch dtype {t.dtype} cannot travel") from exc
+
+
+def as_numpy(value: Any) -> Array:
+    """The numpy array behind an Array field value (np.ndarray or torch.Tensor)."""
+    if isinstance(value, np.ndarray):
+        return value
+    torch = sys.modules.get("torch")  # a tensor exists only if torch was imported
+    if torch is not None and isinstance(value, torch.Tensor):
+        return from_torch(value)
+    raise ProtocolError("bad_type", f"expected an array, got {type(value).__name__}")
+
+
+def arrays_equal(a: Any, b: Any) -> bool:
+    """Same wire dtype, shape and element bytes (NaN equals NaN bit for bit; byte order ignored)."""
+    x, y = as_numpy(a), as_numpy(b)
+    if x.dtype.name != y.dtype.name or x.shape != y.shape:
+        return False
+    little = x.dtype.newbyteorder("<")
+    return bool(x.astype(little, copy=False).tobytes() == y.astype(little, copy=False).tobytes())
+
+
+def to_torch(arr: Array) -> torch.Tensor:
+    """A torch tensor over a decoded array (bf16 via an int16 view); copies read-only input."""
+    import torch
+
+    if not arr.flags.writeable or any(s < 0 for s in arr.strides):
+        arr = np.array(arr, copy=True)
+    if arr.dtype == wire_dtypes()["bfloat16"]:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
