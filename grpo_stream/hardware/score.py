@@ -124,9 +124,21 @@ class ScoreModel:
         return self._log(FitResult(weights, rmse, rel, True, "fit", n, devices))
 
     def _fit(self) -> Weights:
+        """Least squares in relative error: each device's rows are divided by its mean
+        throughput. Shares are ratios of predictions, so a prediction's error for them is
+        relative; in absolute tokens/s the slowest device's misfit would count least (a
+        device at a third of another's speed, 3x under-weighted), and when the features
+        cannot express the measured speed ratio its relative error would take all of it."""
         rows, targets = [], []
-        for samples in self._samples.values():
-            w = 1.0 / math.sqrt(len(samples))  # every device counts equally, however chatty
+        means = {k: sum(y for _, y in v) / len(v) for k, v in self._samples.items() if v}
+        positive = [m for m in means.values() if m > 0]
+        fallback = sum(positive) / len(positive) if positive else 1.0
+        for device, samples in self._samples.items():
+            if not samples:
+                continue
+            scale = means[device] if means[device] > 0 else fallback
+            # every device counts equally, however chatty and however fast
+            w = 1.0 / (math.sqrt(len(samples)) * scale)
             for (f, b, lat), y in samples:
                 rows.append((w * f, w * b, -w * lat))
                 targets.append(w * y)

@@ -77,4 +77,8 @@ def test_dispatch_follows_speed_and_refit_predicts_it(tmp_path: Path) -> None:
     assert fits, "the score model was never refit"
     errors = fits[-1]["rel_error"]
     assert isinstance(errors, dict)
-    assert max(errors.values()) <= 0.20, errors
+    # both fingerprints are the same CPU, the slow one's scaled by 1/3, so the score's
+    # features fix the predicted ratio at 3 (the latency term aside) while contention moves the
+    # measured one; the refit's relative least squares keeps both errors <= 20% for measured
+    # ratios 2.10-4.28 (see test_refit_splits_a_misfit_the_features_cannot_express_...)
+    assert max(errors.values()) <= 0.20, (errors, speed_ratio)

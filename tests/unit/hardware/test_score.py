@@ -195,3 +195,19 @@ def test_a_refit_that_cannot_run_is_said_once_then_at_debug():
             model.refit()
     levels = [e["log_level"] for e in logs if e["event"] == "hpm.refit"]
     assert levels == ["info", "debug", "debug"]
+
+
+def test_refit_splits_a_misfit_the_features_cannot_express_in_relative_error():
+    # two devices whose features say 3x apart, measured 2.2x apart (contention): with the
+    # predictions' ratio fixed at 3, least squares in relative error (a = S / y_fast,
+    # q = y_fast / (3 y_slow)) minimises (a - 1)^2 + (a q - 1)^2: a = (1 + q) / (1 + q^2)
+    model = ScoreModel(HardwareSettings(refit_min_samples=2))
+    for _ in range(5):
+        model.observe("fast", Features(30.0, 300.0), 220.0)
+        model.observe("slow", Features(10.0, 100.0), 100.0)
+    result = model.refit()
+    q = 220.0 / (3 * 100.0)
+    a = (1 + q) / (1 + q * q)
+    assert result.used
+    assert result.rel_error["fast"] == pytest.approx(abs(a - 1), abs=1e-3)
+    assert result.rel_error["slow"] == pytest.approx(abs(a * q - 1), abs=1e-3)
