@@ -346,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--chunk-mib", type=int, default=8, help="transport.weights_chunk_bytes in MiB")
     add("--max-gib", type=float, default=6.0, help="memory budget of the whole benchmark")
     add("--relay", action="store_true", help="internal: receivers relay (weights.relay)")
+    add("--phases", default="full,fanout,delta", help="which of profile,full,fanout,delta to run")
     add("--verbose", action="store_true", help="print every receiver of every round")
     add("--no-save", action="store_true", help="do not write bench/results")
     add("--index", type=int, default=0, help="internal: receiver index")
@@ -357,15 +358,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_phases(args: argparse.Namespace) -> dict[str, Any]:
     """Full set to one receiver; fan-out 1/4/16 with relays; delta sizes after AdamW."""
-    import torch
-
-    from bench.weights_delta import measure_deltas, report
-
     out: dict[str, Any] = {}
-    print(f"full set, 1 receiver, no deltas, no relays ({args.kind}):")
-    full = measure(argparse.Namespace(**{**vars(args), "receivers": 1, "relay": False}))
-    _, out["full_gib_s"] = report_rounds(full, args.verbose)
-    out["full"] = full
+    phases = set(args.phases.split(","))
+    if "profile" in phases:
+        from bench.weights_profile import profile, report
+
+        out["profile"] = profile(args)
+        report(out["profile"])
+    if "full" in phases:
+        print(f"full set, 1 receiver, no deltas, no relays ({args.kind}):")
+        full = measure(argparse.Namespace(**{**vars(args), "receivers": 1, "relay": False}))
+        _, out["full_gib_s"] = report_rounds(full, args.verbose)
+        out["full"] = full
+    if "fanout" in phases:
+        run_fanout(args, out)
+    if "delta" in phases:
+        run_delta(args, out)
+    return out
+
+
+def run_fanout(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """Fan-out 1/4/16 with relays on a small set (time until the last receiver applied)."""
     fan = {**vars(args), "layers": args.fanout_layers, "vocab": args.fanout_vocab,
            "hidden": 512, "intermediate": 2048, "kind": "synthetic", "relay": True}  # fmt: skip
     out["fanout"] = {}
@@ -375,6 +388,14 @@ def run_phases(args: argparse.Namespace) -> dict[str, Any]:
         out["fanout"][n] = {"seconds": report_rounds(result, args.verbose)[0], **result}
     counts = sorted(out["fanout"])
     out["fanout_ratio"] = out["fanout"][counts[-1]]["seconds"] / out["fanout"][counts[0]]["seconds"]
+
+
+def run_delta(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """Delta bytes per version after real AdamW steps at each learning rate."""
+    import torch
+
+    from bench.weights_delta import measure_deltas, report
+
     torch.set_num_threads(1)
     shapes = qwen2_like_shapes(layers=args.delta_layers)
     print(f"deltas: {shape_bytes(shapes, 2) / GIB:.3f} GiB bf16 set, real AdamW steps:")
@@ -382,7 +403,6 @@ def run_phases(args: argparse.Namespace) -> dict[str, Any]:
     for lr in [float(x) for x in args.delta_lrs.split(",")]:
         totals = measure_deltas(shapes, lr, args.delta_steps, 3, args.compare_runs)
         out["delta"][lr] = {"ratio": report(lr, totals, args.compare_runs), **vars(totals)}
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -393,11 +413,15 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_save:
         path = save_json(RESULTS_DIR / "weights.json", {**out, "env": environment()})
         print(f"saved {path.relative_to(REPO_ROOT)}")
-    d = out["delta"][min(out["delta"])]["ratio"]
-    print(
-        f"delta bytes ratio {d:.4f}, fanout{max(out['fanout'])}/fanout{min(out['fanout'])} "
-        f"{out['fanout_ratio']:.2f}, full GiB/s {out['full_gib_s']:.2f}"
-    )
+    parts = []
+    if "delta" in out:
+        parts.append(f"delta bytes ratio {out['delta'][min(out['delta'])]['ratio']:.4f}")
+    if "fanout" in out:
+        top, low = max(out["fanout"]), min(out["fanout"])
+        parts.append(f"fanout{top}/fanout{low} {out['fanout_ratio']:.2f}")
+    if "full_gib_s" in out:
+        parts.append(f"full GiB/s {out['full_gib_s']:.2f}")
+    print(", ".join(parts))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Checksums are xxh3-64 of a tensor's bytes; a version's checksum is xxh3-64 of it
 checksums in order. A receiver checks every reconstructed tensor against the sender's
 checksum, so a delta applied to the wrong base never passes.
 
-Invariants: `apply_delta` either returns a new array with the base's dtype and shape or
+Invariants: `apply_delta` either returns an array (new, or the `out` given) with the base's
+dtype and shape or
 raises DeltaError (corrupt or truncated frame, wrong decompressed size); it never writes into
 the base. Nothing here keeps state.
 """
@@ -97,10 +98,16 @@ def encode_delta(
     return payload if payload.nbytes < new.nbytes else None
 
 
-def apply_delta(base: np.ndarray[Any, Any], payload: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """A new array: `base` with the XOR in the zstd `payload` applied (dtype, shape of base)."""
+def apply_delta(
+    base: np.ndarray[Any, Any],
+    payload: np.ndarray[Any, Any],
+    out: np.ndarray[Any, Any] | None = None,
+) -> np.ndarray[Any, Any]:
+    """`base` with the XOR in the zstd `payload` applied (dtype, shape of base), written into
+    `out` (an array like base, not base itself) or a new array."""
     bits = decompress(payload, base.nbytes)
-    out = np.empty(base.shape, dtype=base.dtype)
+    if out is None:
+        out = np.empty(base.shape, dtype=base.dtype)
     np.bitwise_xor(_words(base), _words(bits), out=_words(out))
     return out
 

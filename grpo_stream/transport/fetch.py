@@ -10,8 +10,9 @@ Invariants:
   server's deltas are against. Chunks are applied as they arrive (streaming apply) into a
   staging dict; every tensor is checked against its checksum, the whole against the
   version's checksum, and only then does the staging dict replace the replica's (one swap).
-  Peak extra memory: one staging copy of the set (raw tensors are kept as views over the
-  received frames, not copied again).
+  Once a version is held, the next is staged in a reused, pre-faulted buffer laid out like it
+  (`grpo_stream.transport.fetch_buffers`; each frame is copied out and dropped on arrival);
+  the first is kept as views over the received frames. Peak extra memory: one staging copy.
 - A delta against a base the replica does not hold, a corrupt or truncated zstd frame or a
   checksum mismatch is refused (`weights.refused`, one error event) and the version is
   fetched again in full from the trainer's server, never applied half.
@@ -51,6 +52,7 @@ from grpo_stream.transport.delta import (
     version_checksum,
 )
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
+from grpo_stream.transport.fetch_buffers import StagingBuffers, place, target
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import Client, Context, Subscriber
 
@@ -122,13 +124,13 @@ def _reconstruct(
     name: str, arr: np.ndarray[Any, Any], encoding: str, want: int, replica: Replica, base: int
 ) -> np.ndarray[Any, Any]:
     if encoding == RAW:
-        out = arr
+        out = place(arr, replica.staging.slot(name, arr.nbytes))
     elif encoding == XOR_ZSTD:
         held = replica.arrays.get(name) if replica.version == base else None
         if held is None:
             raise WeightsRefused(f"{name}: a delta against version {base}, not held here")
         try:
-            out = apply_delta(held, arr)
+            out = apply_delta(held, arr, target(held, replica.staging.slot(name, held.nbytes)))
         except DeltaError as exc:
             raise WeightsRefused(f"{name}: {exc}") from None
     else:
@@ -147,6 +149,7 @@ class Replica:
         self.arrays: dict[str, np.ndarray[Any, Any]] = {}
         self.order: list[str] = []
         self.last_wire_bytes = 0  # tensor bytes received by the last successful fetch
+        self.staging = StagingBuffers()  # reused memory the next version is staged in
 
     def named(self) -> Arrays:
         """The held tensors in the server's order."""
@@ -167,16 +170,21 @@ class Replica:
         apply it whole, and return the version now held. A refused delta is logged once and
         fetched again in full from `address`; a failed relay is replaced by `address`."""
         link = _Link(ctx, settings, security, timeout_s, weights or WeightsSettings(), relay)
+        self.staging.begin()
         try:
             return self._swap(*link.receive(address, version, self))
         except WeightsRefused as exc:
             log.error("weights.refused", address=address, held=self.version, reason=str(exc))
             link.relay = None
+            self.staging.begin()  # the refused attempt's arrays are gone: its buffer is free
             return self._swap(*link.receive(address, version, self, direct=True, full=True))
+        finally:
+            self.staging.end()
 
     def _swap(self, version: int, total: int, named: Arrays, wire: int) -> int:
         self.arrays = dict(named)
         self.order = [name for name, _ in named]
+        self.staging.learn(named)
         self.version, self.checksum, self.last_wire_bytes = version, total, wire
         return version
 

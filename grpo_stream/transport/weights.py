@@ -47,7 +47,7 @@ from grpo_stream.protocols.messages import (
     WeightsRequest,
 )
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.transport.delta import RAW, checksum, version_checksum
+from grpo_stream.transport.delta import RAW, version_checksum
 from grpo_stream.transport.errors import TransportError, WeightsError
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import (
@@ -57,6 +57,7 @@ from grpo_stream.transport.sockets import (
     Server,
 )
 from grpo_stream.transport.versions import DeltaHistory, Payload, Snapshot, make_chunks
+from grpo_stream.transport.weights_snapshot import SnapshotBuffers, copy_snapshot
 
 if TYPE_CHECKING:
     import torch
@@ -78,41 +79,11 @@ class _Stream:
     next_index: int = 0
 
 
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A contiguous CPU copy of `tensor` as a numpy array (bf16 via ml_dtypes)."""
-    import torch
-
-    copy = torch.empty_like(tensor, device="cpu", memory_format=torch.contiguous_format)
-    copy.copy_(tensor.detach())
-    if copy.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return copy.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    try:
-        return copy.numpy()
-    except TypeError as exc:
-        raise WeightsError(f"cannot send tensors of dtype {tensor.dtype}") from exc
-
-
-def _alias_key(tensor: torch.Tensor) -> tuple[Any, ...]:
-    storage = tensor.untyped_storage().data_ptr()
-    return (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
-
-
 def snapshot_arrays(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
 ) -> tuple[list[tuple[str, np.ndarray[Any, Any]]], dict[str, str]]:
     """Copy tensors to CPU arrays, skipping tied duplicates; returns (arrays, aliases)."""
-    arrays: list[tuple[str, np.ndarray[Any, Any]]] = []
-    seen: dict[tuple[Any, ...], str] = {}
-    aliases: dict[str, str] = {}
-    for name, tensor in named_tensors:
-        key = _alias_key(tensor)
-        if key[0] != 0 and key in seen:  # data_ptr 0: empty/meta tensors alias nothing
-            aliases[name] = seen[key]
-            continue
-        seen[key] = name
-        arrays.append((name, _to_numpy(tensor)))
+    arrays, aliases, _ = copy_snapshot(named_tensors)
     return arrays, aliases
 
 
@@ -120,16 +91,17 @@ def build_snapshot(
     version: int,
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     settings: TransportSettings,
+    buffers: SnapshotBuffers | None = None,
 ) -> Snapshot:
-    """Copy, de-alias, checksum, chunk and size-check one version (WeightsError: too large)."""
-    arrays, aliases = snapshot_arrays(named_tensors)
+    """Copy (into a buffer of `buffers` when given), de-alias, checksum, chunk and size-check
+    one version (WeightsError: too large)."""
+    arrays, aliases, checksums = copy_snapshot(named_tensors, buffers)
     for name, arr in arrays:
         if arr.nbytes > settings.max_frame_bytes:
             raise WeightsError(
                 f"tensor {name} has {arr.nbytes} bytes, over transport.max_frame_bytes="
                 f"{settings.max_frame_bytes}; raise it on every service"
             )
-    checksums = tuple(checksum(a) for _, a in arrays)
     total = version_checksum(list(checksums))
     payloads = [Payload(name, arr, RAW) for name, arr in arrays]
     chunks = make_chunks(version, -1, payloads, checksums, total, settings)
@@ -186,6 +158,7 @@ class WeightServer:
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()
         self._current: Snapshot | None = None
+        self._buffers = SnapshotBuffers()  # reused host memory of the snapshots
         self._trees: dict[tuple[int, int], _Tree] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -236,7 +209,7 @@ class WeightServer:
         if not self._thread.is_alive():
             raise WeightsError(f"weight server thread stopped: {self._failure}")
         t0 = time.perf_counter()
-        snapshot = build_snapshot(version, named_tensors, self._settings)
+        snapshot = build_snapshot(version, named_tensors, self._settings, self._buffers)
         t_snap = time.perf_counter()
         with self._publish_lock:
             with self._lock:
