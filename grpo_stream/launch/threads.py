@@ -7,8 +7,10 @@ each one's busy share (the fraction of the run's wall time that service computes
 from the run directory's metrics.jsonl when the run resumes, else `BUSY_SHARES`), at least
 one thread each; a service with a whole
 number of cores to itself is pinned to them (`os.sched_setaffinity`), so the trainer's and
-the generators' OpenMP pools never share a core. More torch services than cores: one thread
-each, unpinned (the kernel time-slices them).
+the generators' OpenMP pools never share a core. When every service gets one thread (as many
+torch services as cores, or more) none is pinned: a single thread has no pool to keep apart,
+and unpinned the kernel moves it to whichever core the other services (and the hub and
+scorers) leave idle; pinned one core each, bench.vs_trl ran 0.78x as fast on 2 cores.
 
 Hub and scorers run no torch ops: they are neither sized nor pinned, and take CPU where the
 kernel finds it. A service that `up` did not size (started by hand with `grpo-stream run`,
@@ -91,6 +93,8 @@ def split_cores(
         counts[i] += 1
     while sum(counts) > len(cores):  # the at-least-one floor over-gave: take from the largest
         counts[counts.index(max(counts))] -= 1
+    if max(counts) == 1:  # one thread each: no OpenMP pool to keep apart, let the kernel
+        return [ThreadPlan(threads=1) for _ in services]  # move each to an idle core
     plans, start = [], 0
     for n in counts:
         plans.append(ThreadPlan(threads=n, cpus=tuple(cores[start : start + n])))

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from grpo_stream.config import ConfigError, load_config
-from grpo_stream.launch import placed
+from grpo_stream.launch import placed, threads
 from grpo_stream.launch.placement import Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
 from grpo_stream.launch.threads import (
@@ -27,9 +27,14 @@ from grpo_stream.launch.threads import (
 EQUAL = {"trainer": 1.0, "generator": 1.0}
 
 
-def test_two_busy_services_on_two_cores_get_one_core_each() -> None:
+def test_two_busy_services_on_two_cores_get_one_thread_each_unpinned() -> None:
     plans = split_cores([0, 1], ["trainer", "generator"], EQUAL)
-    assert plans == [ThreadPlan(1, cpus=(0,)), ThreadPlan(1, cpus=(1,))]
+    assert plans == [ThreadPlan(1), ThreadPlan(1)]
+
+
+def test_services_with_a_pool_are_pinned_to_disjoint_cores() -> None:
+    plans = split_cores([0, 1, 2, 3], ["trainer", "generator"], EQUAL)
+    assert plans == [ThreadPlan(2, cpus=(0, 1)), ThreadPlan(2, cpus=(2, 3))]
 
 
 def test_cores_split_in_proportion_to_busy_shares() -> None:
@@ -71,8 +76,8 @@ def test_a_number_gives_every_torch_service_that_many_threads() -> None:
 
 
 def test_auto_leaves_hub_and_scorers_alone() -> None:
-    plans = service_plans("auto", ["scorer", "trainer", "grouper", "generator"], cores=[0, 1])
-    assert plans == [None, ThreadPlan(1, cpus=(0,)), None, ThreadPlan(1, cpus=(1,))]
+    plans = service_plans("auto", ["scorer", "trainer", "grouper", "generator"], cores=[0, 1, 2, 3])
+    assert plans == [None, ThreadPlan(2, cpus=(0, 1)), None, ThreadPlan(2, cpus=(2, 3))]
 
 
 def test_a_service_up_did_not_size_uses_every_core_it_has() -> None:
@@ -87,7 +92,10 @@ def test_bad_torch_threads_is_one_line_naming_the_setting() -> None:
         load_config(None, ["run.torch_threads=0"])
 
 
-def test_auto_gives_trainer_and_generator_disjoint_cores_in_their_env() -> None:
+def test_auto_gives_trainer_and_generator_disjoint_cores_in_their_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(threads, "local_cores", lambda: [0, 1, 2, 3])  # the machine's affinity
     cfg = load_config(None, ['run.torch_threads="auto"', "generator.count=1"])
     placement = Placement("none", (Slot("local"),), (Slot("local"),))
     specs = {s.service: s for s in placed.placed_specs(cfg, placement, "tcp://h:1", False)}
