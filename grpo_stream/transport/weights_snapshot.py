@@ -45,7 +45,7 @@ def _alias_key(tensor: torch.Tensor) -> tuple[Any, ...]:
 def _wire_dtype(tensor: torch.Tensor) -> np.dtype[Any]:
     import torch
 
-    from grpo_stream.protocols.codec import wire_dtypes
+    from grpo_stream.protocols.arrays import wire_dtypes
 
     if tensor.dtype == torch.bfloat16:
         return wire_dtypes()["bfloat16"]
