@@ -22,13 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from grpo_stream.transport.weights_snapshot import ALIGN, SnapshotBuffers
+from grpo_stream.transport.weights_snapshot import SnapshotBuffers, padded
 
 Arrays = list[tuple[str, np.ndarray[Any, Any]]]
-
-
-def _padded(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
 
 
 class StagingBuffers:
@@ -61,7 +57,7 @@ class StagingBuffers:
         offset = 0
         for name, arr in named:
             layout[name] = (offset, arr.nbytes)
-            offset += _padded(arr.nbytes)
+            offset += padded(arr.nbytes)
         self._layout, self._size = layout, offset
 
 

@@ -55,7 +55,8 @@ def _wire_dtype(tensor: torch.Tensor) -> np.dtype[Any]:
         raise WeightsError(f"cannot send tensors of dtype {tensor.dtype}") from exc
 
 
-def _padded(nbytes: int) -> int:
+def padded(nbytes: int) -> int:
+    """`nbytes` rounded up to the next multiple of ALIGN (where the next tensor starts)."""
     return -(-nbytes // ALIGN) * ALIGN
 
 
@@ -109,14 +110,14 @@ def copy_snapshot(
 
     unique, aliases = _unique(named_tensors)
     sizes = [t.numel() * t.element_size() for _, t in unique]
-    flat = (buffers or SnapshotBuffers(keep=1)).take(max(1, sum(_padded(n) for n in sizes)))
+    flat = (buffers or SnapshotBuffers(keep=1)).take(max(1, sum(padded(n) for n in sizes)))
     arrays: Arrays = []
     sums: list[Future[int]] = []
     with ThreadPoolExecutor(1, thread_name_prefix="weights-checksum") as pool:
         offset = 0
         for (name, tensor), nbytes in zip(unique, sizes, strict=True):
             raw = flat[offset : offset + nbytes]
-            offset += _padded(nbytes)
+            offset += padded(nbytes)
             arr = raw.view(_wire_dtype(tensor)).reshape(tuple(tensor.shape))
             if nbytes:
                 dst = torch.from_numpy(raw).view(tensor.dtype).view(tensor.shape)
