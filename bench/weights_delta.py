@@ -1,6 +1,6 @@
 """Delta size of a weights version after real AdamW steps (part of `python -m bench.weights`).
 
-The set: a Qwen2-0.5B-shaped list of tensors (`bench.weights.qwen2_like_shapes`, 494M
+The set: a Qwen2-0.5B-shaped list of tensors (`bench.weights_set.qwen2_like_shapes`, 494M
 parameters), fp32 master weights initialised like a transformer (normal, std 0.02; norm
 weights 1, biases 0), published as bf16 casts as the trainer publishes them. Each step is a
 real `torch.optim.AdamW` step (lr as given, betas 0.9/0.999, eps 1e-8, weight decay 0.01) on

@@ -23,7 +23,8 @@ def profile(args: argparse.Namespace) -> dict[str, float]:
     import torch
     import zmq
 
-    from bench.weights import shapes_of, transport_settings
+    from bench.weights import transport_settings
+    from bench.weights_set import shapes_of
     from grpo_stream.protocols.codec import encode
     from grpo_stream.transport import fetch as fetch_mod
     from grpo_stream.transport.settings import SecuritySettings, WeightsSettings

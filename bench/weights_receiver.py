@@ -11,14 +11,8 @@ import argparse
 import time
 from typing import Any
 
-from bench.weights import (
-    REPORT_TIMEOUT_S,
-    build_parser,
-    probe,
-    shapes_of,
-    transport_settings,
-    weights_settings,
-)
+from bench.weights import REPORT_TIMEOUT_S, build_parser, transport_settings, weights_settings
+from bench.weights_set import probe, shapes_of
 
 
 class SyntheticTarget:

@@ -153,13 +153,13 @@ def test_weights_rejects_an_unknown_kind(bench: Callable[[str], ModuleType]) -> 
 def test_synthetic_set_has_qwen2_half_billion_parameters(
     bench: Callable[[str], ModuleType],
 ) -> None:
-    mod = bench("weights")
+    mod = bench("weights_set")
     params = mod.shape_bytes(mod.qwen2_like_shapes(), 1)
     assert 490e6 < params < 500e6  # Qwen2-0.5B: 494M with tied embeddings
 
 
 def test_fill_values_change_every_version(bench: Callable[[str], ModuleType]) -> None:
-    mod = bench("weights")
+    mod = bench("weights_set")
     assert all(mod.fill_value(v, 3) != mod.fill_value(v + 1, 3) for v in range(100))
 
 
