@@ -12,8 +12,9 @@ import numpy as np
 
 from bench.common import RESULTS_DIR, environment, save_json
 
-MODES = ("none", "behaviour", "tis", "decoupled")
-"""The corrections compared (`algo.loss.off_policy`), in the table's column order."""
+MODES = ("none", "behaviour", "tis", "decoupled", "tis+bclip")
+"""The corrections compared (`algo.loss.off_policy`; +bclip: with `algo.loss.behaviour_clip`),
+in the table's column order."""
 
 
 def mean_gain(runs: list[dict[str, Any]], initial: float) -> tuple[float, float]:
