@@ -41,7 +41,8 @@ class LossSettings(BaseModel):
     tis truncates w at is_cap, decoupled (AReaL) drops tokens with w > is_cap (w = 0 there).
     behaviour: ratio and clip against the behaviour log-probs, no weight, no extra forward.
     none: plain policy gradient, no ratio to any old policy and no weight (for comparison).
-    Default behaviour: best at staleness 4 in bench.off_policy (README, "Off-policy")."""
+    Default behaviour: the best at staleness 4 in bench.off_policy with one update per batch;
+    with trainer.minibatches > 1 tis kept more of the on-policy gain (README, "Off-policy")."""
     is_cap: float = Field(2.0, gt=0)
     """Cap of the importance weight pi_prox / pi_behaviour (tis truncates, decoupled masks)."""
     behaviour_clip: bool = False
