@@ -25,7 +25,7 @@ the on-policy mean gain (staleness 0, reuse 1, tis; there tis, decoupled and beh
 compute the same update up to rounding, none has no clip).
 
     python -m bench.off_policy                  # staleness 0 and 4, reuse 1, seed 0
-    python -m bench.off_policy --full           # staleness 0,2,4,8 x 4 corrections x reuse 1,2
+    python -m bench.off_policy --full           # staleness 0,2,4,8 x 5 corrections x reuse 1,2
     python -m bench.off_policy --staleness 8 --reuse 2 --seeds 0,1 --name part3
     python -m bench.off_policy --merge part1 part2 part3 --name off_policy   # table + plot
 
@@ -85,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def mode_settings(mode: str) -> list[str]:
+    """The config lines of a compared correction: an `algo.loss.off_policy` value, or
+    VALUE+bclip (that value with `algo.loss.behaviour_clip` on)."""
+    base, plus, extra = mode.partition("+")
+    if plus and extra != "bclip":
+        raise ValueError(f"unknown correction {mode!r} (VALUE or VALUE+bclip)")
+    lines = [f"algo.loss.off_policy={json.dumps(base)}"]
+    return lines + (["algo.loss.behaviour_clip=true"] if plus else [])
+
+
 class Sim:
     """The shared parts of every run: config maker, task, rewards, initial weights."""
 
@@ -110,7 +120,7 @@ class Sim:
                 f"run.seed={seed}",
                 'model.dtype="float32"',
                 f"trainer.lr={a.lr}",
-                f"algo.loss.off_policy={json.dumps(mode)}",
+                *mode_settings(mode),
                 f"hub.groups_per_step={a.prompts_per_step}",
                 f"generator.group_size={a.group_size}",
                 f"generator.max_tokens={a.max_tokens}",
@@ -210,7 +220,7 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, seed: int, run: int
     snapshots: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=staleness + 1)
     recent: deque[list[Any]] = deque(maxlen=reuse - 1) if reuse > 1 else deque(maxlen=0)
     fresh_per_step = max(1, a.prompts_per_step // reuse)
-    cursor, rewards, gaps, weights, clips = 0, [], [], [], []
+    cursor, rewards, gaps, weights, clips, bclips = 0, [], [], [], [], []
     start = time.perf_counter()
     tries = 0
     while state.step < a.steps and tries < 3 * a.steps:
@@ -232,6 +242,7 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, seed: int, run: int
             gaps.append(result.metrics["logp_gap"])
             weights.append(result.metrics["is_weight_max"])
             clips.append(result.metrics["clip_frac"])
+            bclips.append(result.metrics.get("behaviour_clip_frac", 0.0))  # +bclip only
     seconds = time.perf_counter() - start
     engine.load_weights(state.named_weights(), state.version)
     final = sim.evaluate(engine)
@@ -246,6 +257,7 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, seed: int, run: int
         "logp_gap": gaps,
         "is_weight_max": weights,
         "clip_frac": clips,
+        "behaviour_clip_frac": bclips,
         "rollbacks": state.guard.total,
         "seconds": seconds,
     }

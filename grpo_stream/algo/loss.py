@@ -18,6 +18,12 @@ log-probs at the start of the step (the proximal policy pi_prox), u = exp(p - b)
     behaviour  a = b,              w = 1                        (PPO around pi_behaviour)
     none       a = logp.detach(),  w = 1                        (plain policy gradient)
 
+With `behaviour_clip` (tis or decoupled only) w is also 0 where behaviour's clip binds,
+rho = exp(logp - b) detached: rho > 1 + eps_high with A > 0, or rho < 1 - eps_low with A < 0.
+Both trust regions then hold, the one around pi_prox (this batch's updates) and the one
+around pi_behaviour (the drift since sampling); with one update per batch the gradient is
+behaviour's, u A grad(logp) off its clipped tokens, with u truncated at is_cap.
+
 tis and decoupled need `trainer_old_logp`. With one optimizer step per batch pi_prox is the
 policy being differentiated, so r = 1 in value and the clip never binds: all the
 off-policy correction is in w, which also absorbs any generator/trainer numeric mismatch.
@@ -115,6 +121,22 @@ def importance_weight(
     return torch.exp(torch.where(mask, trainer_old_logp - old_logp, 0.0)).detach()
 
 
+def behaviour_clipped(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    settings: LossSettings,
+) -> torch.Tensor:
+    """Where the clip around pi_behaviour binds (B, T) bool, False outside `mask`: the ratio
+    rho = pi_theta / pi_behaviour (detached) above 1 + eps_high with A > 0 or below
+    1 - eps_low with A < 0, where behaviour's surrogate gives no gradient."""
+    rho = torch.exp(torch.where(mask, logp.detach() - old_logp, 0.0))
+    high = (adv > 0) & (rho > 1.0 + settings.eps_high)
+    low = (adv < 0) & (rho < 1.0 - settings.eps_low)
+    return (high | low) & mask
+
+
 def _anchor_and_weight(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -163,7 +185,8 @@ def grpo_loss(
     to this call's own counts.
 
     Metrics: clip_frac_low, clip_frac_high, clip_frac, ratio_mean, is_trunc_frac, num_tokens,
-    plus dual_clip_frac (dual clip on), kl (ref_logp given), entropy (entropy given).
+    plus dual_clip_frac (dual clip on), behaviour_clip_frac (behaviour_clip on: the tokens it
+    zeroes), kl (ref_logp given), entropy (entropy given).
     """
     if settings.beta > 0 and ref_logp is None:
         raise ValueError("loss.beta > 0 needs ref_logp (the frozen reference's log-probs)")
@@ -175,6 +198,10 @@ def grpo_loss(
     per_token = _surrogate(ratio, adv, settings)
     extra: dict[str, torch.Tensor] = {}
     if weight is not None and over is not None:
+        if settings.behaviour_clip:
+            outside = behaviour_clipped(logp, old_logp, adv, mask, settings)
+            weight = torch.where(outside, 0.0, weight)
+            extra["behaviour_clip_frac"] = outside
         per_token = per_token * weight
         extra["is_trunc_frac"] = over
     else:

@@ -41,9 +41,15 @@ class LossSettings(BaseModel):
     tis truncates w at is_cap, decoupled (AReaL) drops tokens with w > is_cap (w = 0 there).
     behaviour: ratio and clip against the behaviour log-probs, no weight, no extra forward.
     none: plain policy gradient, no ratio to any old policy and no weight (for comparison).
-    Default behaviour: best at staleness 4 in bench.off_policy (README, "Off-policy")."""
+    Default behaviour: the best at staleness 4 in bench.off_policy with one update per batch;
+    with trainer.minibatches > 1 tis kept more of the on-policy gain (README, "Off-policy")."""
     is_cap: float = Field(2.0, gt=0)
     """Cap of the importance weight pi_prox / pi_behaviour (tis truncates, decoupled masks)."""
+    behaviour_clip: bool = False
+    """With tis or decoupled: also give no loss to the tokens where behaviour's clip binds
+    (pi_theta / pi_behaviour above 1 + eps_high with A > 0, below 1 - eps_low with A < 0), so
+    the weight and the trust region around pi_prox come with behaviour's trust region around
+    the data's own policy. With one update per batch: behaviour with its weight truncated."""
     beta: float = Field(0.0, ge=0)
     """Weight of the k3 KL to the frozen reference; 0 loads no reference model."""
     aggregation: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
@@ -53,6 +59,12 @@ class LossSettings(BaseModel):
     0 sizes chunks so the float32 logits of one chunk stay under logprob_chunk_mb."""
     logprob_chunk_mb: float = Field(256.0, gt=0)
     """Memory budget of one chunk's (chunk, T, V) float32 logits when logprob_chunk is 0."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LossSettings:
+        if self.behaviour_clip and self.off_policy not in ("tis", "decoupled"):
+            raise ValueError("loss.behaviour_clip needs loss.off_policy tis or decoupled")
+        return self
 
     def chunk_for(self, length: int, vocab: int) -> int:
         """Sequences per log-prob chunk for sequences of `length` tokens and a `vocab`."""

@@ -161,6 +161,60 @@ def test_decoupled_ratio_is_clipped_around_the_proximal_policy() -> None:
     assert metrics["clip_frac_high"] == 1.0
 
 
+def test_behaviour_clip_zeroes_tokens_past_the_clip_around_the_behaviour_policy() -> None:
+    # ratio to pi_prox is 1 on every token; rho = pi_theta / pi_behaviour is 1.5, 1.5, 0.7, 1
+    logp = leaf([[0.0, 0.0, 0.0, 0.0]])
+    behaviour = -torch.log(torch.tensor([[1.5, 1.5, 0.7, 1.0]]))
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0]])  # per token
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    settings = LossSettings(off_policy="tis", behaviour_clip=True, aggregation="dapo")
+    loss, metrics = grpo_loss(logp, behaviour, adv, mask, settings, trainer_old_logp=logp.detach())
+    loss.backward()
+    assert logp.grad is not None
+    # 1.5 > 1 + 0.28 with A > 0 and 0.7 < 1 - 0.2 with A < 0: no loss; 1.5 with A < 0 keeps
+    # its gradient, -w A / n with w = min(1.5, is_cap); rho = 1 too, -A / n
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 1.5 / 4, 0.0, -1 / 4]]))
+    assert metrics["behaviour_clip_frac"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("mode", ["tis", "decoupled"])
+def test_behaviour_clip_with_one_update_is_behaviours_gradient_with_its_weight_capped(
+    mode: str,
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    logp = (torch.rand(8, 6, generator=gen) * -3).requires_grad_()
+    behaviour = logp.detach() + torch.randn(8, 6, generator=gen) * 0.8  # u ~0.1 to ~10
+    adv = torch.randn(8, generator=gen)
+    mask = torch.rand(8, 6, generator=gen) > 0.2
+    cap, eps_low, eps_high = 2.0, 0.2, 0.28
+    settings = LossSettings(
+        off_policy=mode, behaviour_clip=True, is_cap=cap, aggregation="dapo",
+        eps_low=eps_low, eps_high=eps_high,
+    )  # fmt: skip
+    loss, _ = grpo_loss(logp, behaviour, adv, mask, settings, trainer_old_logp=logp.detach())
+    loss.backward()
+    # reference from the definition: d loss / d logp = -w A [behaviour's clip not binding] / n
+    u = torch.exp(logp.detach() - behaviour)
+    a = adv[:, None].expand(8, 6)
+    binding = ((a > 0) & (u > 1 + eps_high)) | ((a < 0) & (u < 1 - eps_low))
+    w = u.clamp(max=cap) if mode == "tis" else torch.where(u > cap, 0.0, u)
+    expected = torch.where(mask & ~binding, -w * a, 0.0) / mask.sum()
+    torch.testing.assert_close(logp.grad, expected)
+    # and behaviour's own gradient wherever the weight is not capped
+    plain = logp.detach().clone().requires_grad_()
+    grpo_loss(plain, behaviour, adv, mask, LossSettings(aggregation="dapo"))[0].backward()
+    assert plain.grad is not None
+    kept = mask & (u <= cap)
+    torch.testing.assert_close(logp.grad[kept], plain.grad[kept])
+    assert bool((mask & (u > cap) & ~binding).any())  # the capped tokens are exercised
+
+
+@pytest.mark.parametrize("mode", ["behaviour", "none"])
+def test_behaviour_clip_needs_tis_or_decoupled(mode: str) -> None:
+    with pytest.raises(ValueError, match="behaviour_clip needs"):
+        LossSettings.model_validate({"off_policy": mode, "behaviour_clip": True})
+
+
 @pytest.mark.parametrize("mode", ["tis", "decoupled"])
 def test_tis_and_decoupled_need_the_trainers_log_probs(mode: str) -> None:
     logp = torch.zeros(1, 2)

@@ -189,7 +189,19 @@ def test_off_policy_default_grid_is_reduced_and_full_is_the_whole_grid(
     full = mod.grid(mod.build_parser().parse_args(["--full", "--seeds", "0,1"]))
     assert len(full) == 4 * len(mod.MODES) * 2 * 2
     for mode in mod.MODES:  # every compared correction is a valid setting
-        assert load_config(None, [f'algo.loss.off_policy="{mode}"']).algo.loss.off_policy == mode
+        loss = load_config(None, mod.mode_settings(mode)).algo.loss
+        label = loss.off_policy + ("+bclip" if loss.behaviour_clip else "")
+        assert label == mode
+
+
+def test_off_policy_bclip_mode_turns_on_the_behaviour_clip(
+    bench: Callable[[str], ModuleType],
+) -> None:
+    mod = bench("off_policy")
+    assert load_config(None, mod.mode_settings("tis+bclip")).algo.loss.behaviour_clip
+    assert not load_config(None, mod.mode_settings("tis")).algo.loss.behaviour_clip
+    with pytest.raises(ValueError, match="unknown correction"):
+        mod.mode_settings("tis+other")
 
 
 def test_off_policy_s0_modes_runs_only_those_modes_at_staleness_0(
