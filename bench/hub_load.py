@@ -44,6 +44,8 @@ JOIN_S = 120.0  # longest wait for every simulated peer's Welcome
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="the hub under simulated fleets (real ZeroMQ)")
     p.add_argument("--generators", type=int, nargs="+", default=[8, 64, 256, 1024])
+    p.add_argument("--payloads", nargs="+", choices=["hub", "direct"], default=["hub", "direct"],
+                   help="hub.payloads modes to run, each at every fleet size")  # fmt: skip
     p.add_argument("--offered", type=float, default=1500.0,
                    help="groups/s the fleet offers (sets each generator's delay)")  # fmt: skip
     p.add_argument("--tokens", type=int, default=1024, help="tokens per completion")
@@ -71,7 +73,9 @@ def sim_model(run_dir: Path, tokens: int) -> Path:
     return path
 
 
-def hub_settings(args: argparse.Namespace, n: int, run_dir: Path) -> list[str]:
+def hub_settings(
+    args: argparse.Namespace, n: int, run_dir: Path, payloads: str = "hub"
+) -> list[str]:
     per_step = args.groups_per_step
     held = 2 * n * args.prompts_per_request + 2 * per_step  # every generator busy, twice over
     staleness = max(1, math.ceil(held / per_step) - 1)
@@ -85,6 +89,7 @@ def hub_settings(args: argparse.Namespace, n: int, run_dir: Path) -> list[str]:
         f"hub.groups_per_step={per_step}",
         f"hub.max_staleness={staleness}",
         f"hub.replay.capacity={4 * per_step}",
+        f"hub.payloads={payloads}",
     ]
     return [a for s in sets for a in ("--set", s)]
 
@@ -116,16 +121,17 @@ def _sim(role: str, hub: str, secret: Path, first: int, count: int, out: Path,
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
 
 
-def run_fleet(args: argparse.Namespace, n: int, tmp: Path) -> dict[str, Any]:
-    """One hub and its simulated fleet of `n` generators; the window's numbers."""
-    run_dir = tmp / f"run-{n}"
+def run_fleet(args: argparse.Namespace, n: int, tmp: Path, payloads: str) -> dict[str, Any]:
+    """One hub (hub.payloads = `payloads`) and its simulated fleet of `n` generators; the
+    window's numbers."""
+    run_dir = tmp / f"run-{payloads}-{n}"
     secret = write_secret(run_dir / "secret")
     prof = []
     if args.profile is not None:
-        prof = ["-m", "cProfile", "-o", str(args.profile / f"hub-{n}.prof")]
+        prof = ["-m", "cProfile", "-o", str(args.profile / f"hub-{payloads}-{n}.prof")]
     hub_argv = [sys.executable, *prof, "-m", "grpo_stream.cli.main", "run", "grouper",
                 "--instance", "grouper-0", "--log-json", "--secret-file", str(secret),
-                *hub_settings(args, n, run_dir)]  # fmt: skip
+                *hub_settings(args, n, run_dir, payloads)]  # fmt: skip
     hub_log = (run_dir / "hub.out").open("wb")
     hub = subprocess.Popen(hub_argv, stdout=hub_log, stderr=subprocess.STDOUT)
     sims: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
@@ -140,7 +146,8 @@ def run_fleet(args: argparse.Namespace, n: int, tmp: Path) -> dict[str, Any]:
         address = addr.read_text().strip()
         stop_at = time.time() + JOIN_S + args.warmup + args.seconds  # the latest end
         delay = n * args.prompts_per_request / args.offered
-        common = ["--tokens", str(args.tokens), "--group-size", str(args.group_size)]
+        common = ["--tokens", str(args.tokens), "--group-size", str(args.group_size),
+                  "--payloads", payloads]  # fmt: skip
         gen = [*common, "--delay-s", f"{delay:.6f}", "--credits", str(args.prompts_per_request)]
         procs = math.ceil(n / args.peers_per_process)
         for k in range(procs):
@@ -177,7 +184,7 @@ def run_fleet(args: argparse.Namespace, n: int, tmp: Path) -> dict[str, Any]:
     for role, out, _ in sims:
         records[role].append(json.loads(out.read_text()))
     row = summarize(records, window_start, stop_at)
-    row.update(generators=n, generator_processes=procs, scorers=args.scorers,
+    row.update(payloads=payloads, generators=n, generator_processes=procs, scorers=args.scorers,
                offered_groups_per_s=args.offered, generator_delay_s=delay,
                hub_cpu_cores=round(hub_cpu, 3), hub_rss_mib=round(rss, 1),
                hub_cpu_ms_per_group=round(1000 * hub_cpu / max(row["groups_per_s"], 1e-9), 3),
@@ -223,7 +230,7 @@ def hub_stopped(run_dir: Path) -> dict[str, Any]:
             continue
         if event.get("event") == "hub.stopped":
             keep = ("dispatched", "trained", "filtered", "stale", "failed", "in_progress",
-                    "duplicates_dropped", "rejected")  # fmt: skip
+                    "duplicates_dropped", "requeued_payload", "rejected")  # fmt: skip
             return {k: event[k] for k in keep if k in event}
     return {}
 
@@ -234,14 +241,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ns = [r["generators"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(ns, [r["groups_per_s"] for r in rows], "o-", label="groups/s to the trainer")
+    for mode in sorted({r.get("payloads", "hub") for r in rows}):
+        mine = [r for r in rows if r.get("payloads", "hub") == mode]
+        ns = [r["generators"] for r in mine]
+        a.plot(ns, [r["groups_per_s"] for r in mine], "o-", label=f"groups/s, payloads={mode}")
+        b.plot(ns, [r["dispatch_p50_ms"] for r in mine], "o-", label=f"p50, payloads={mode}")
+        b.plot(ns, [r["dispatch_p99_ms"] for r in mine], "o--", label=f"p99, payloads={mode}")
     a.axhline(1000, ls="--", c="grey", label="goal 1,000 groups/s")
     a.set(xscale="log", xlabel="simulated generators", ylabel="groups/s (G=8 x 1k tokens)")
     a.legend()
-    b.plot(ns, [r["dispatch_p50_ms"] for r in rows], "o-", label="dispatch p50")
-    b.plot(ns, [r["dispatch_p99_ms"] for r in rows], "o-", label="dispatch p99")
     b.axhline(50, ls="--", c="grey", label="goal p99 50 ms")
     b.set(xscale="log", yscale="log", xlabel="simulated generators", ylabel="ms")
     b.legend()
@@ -255,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hub-load-") as tmp:
-        for n in args.generators:
-            row = run_fleet(args, n, Path(tmp))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    header = ("generators", "groups_per_s", "completion_tokens_per_s", "dispatch_p50_ms",
-              "dispatch_p99_ms", "batch_p99_ms", "hub_cpu_cores", "hub_cpu_ms_per_group",
-              "hub_rss_mib", "load_average")  # fmt: skip
+        for payloads in args.payloads:
+            for n in args.generators:
+                row = run_fleet(args, n, Path(tmp), payloads)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    header = ("payloads", "generators", "groups_per_s", "completion_tokens_per_s",
+              "dispatch_p50_ms", "dispatch_p99_ms", "batch_p99_ms", "hub_cpu_cores",
+              "hub_cpu_ms_per_group", "hub_rss_mib", "load_average")  # fmt: skip
     print("  ".join(header))
     for r in rows:
         print("  ".join(str(r[h]) for h in header))

@@ -12,6 +12,12 @@ goes through our codec.
   signal and reach the trainer), then asks for one more.
 - trainer: asks for step s at version s, and for s + 1 as soon as its TrainBatch arrived.
 
+With `--payloads direct` (the hub run with hub.payloads = "direct") a generator process keeps
+its peers' Rollouts in one `PayloadStore` served on its own ROUTER and sends the hub
+RolloutMetas; the scorers fetch each poll round's ScoreRefs in one pipelined fetch, the
+trainer fetches and checks every group of its TrainBatchRef (`payload_refs.fetch_batch`,
+digests included) and builds the TrainBatch, as the real services do.
+
 Each peer records the latency of every dispatch it waits for: WorkRequest sent -> PromptBatch
 (or ScoreRequest) received, BatchRequest sent -> TrainBatch received. A process runs its
 peers (it touches OUT_JSON.joined once all are welcomed) until the file `--stop-file` exists,
@@ -36,11 +42,22 @@ import numpy as np
 import zmq
 
 from grpo_stream.hub.auth import load_secret, sign
+from grpo_stream.hub.payload_refs import fetch_batch, score_request_of
+from grpo_stream.hub.payload_store import (
+    PayloadFetcher,
+    PayloadRef,
+    PayloadServer,
+    PayloadStore,
+    rollout_meta,
+)
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.payloads import PayloadLost, ScoreRef, TrainBatchRef
 from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, close_context, make_context
 
 PROMPT_TOKENS = 32
+STORE_GROUPS = 16384  # one process's store: more than the hub can hold un-trained
+FETCH_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -142,7 +159,7 @@ def _drain(peer: Peer) -> Iterator[m.Message]:
 class Fleet:
     """The event loop of one process's peers."""
 
-    def __init__(self, args: argparse.Namespace, peers: list[Peer]) -> None:
+    def __init__(self, args: argparse.Namespace, peers: list[Peer], ctx: zmq.Context[Any]) -> None:
         self.args = args
         self.peers = peers
         self.by_socket = {p.client.socket: p for p in peers}
@@ -152,6 +169,21 @@ class Fleet:
         self.rng = np.random.default_rng(args.first)
         self.stopped = False
         self._seq = 0
+        self.store: PayloadServer | None = None  # --payloads direct, generators
+        self.fetcher: PayloadFetcher | None = None  # --payloads direct, scorers and trainer
+        self.refs: list[tuple[Peer, ScoreRef]] = []  # ScoreRefs of this poll round
+        if args.payloads == "direct" and args.role == "generator":
+            self.store = PayloadServer(ctx, "tcp://127.0.0.1:0", TransportSettings(),
+                                       SecuritySettings(), PayloadStore(STORE_GROUPS))  # fmt: skip
+        elif args.payloads == "direct":
+            self.fetcher = PayloadFetcher(ctx, TransportSettings(), SecuritySettings(),
+                                          args.role, FETCH_TIMEOUT_S)  # fmt: skip
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        if self.fetcher is not None:
+            self.fetcher.close()
 
     def start(self) -> None:
         now = time.monotonic()
@@ -175,6 +207,8 @@ class Fleet:
                 peer = self.by_socket[sock]
                 for msg in _drain(peer):
                     self._on_message(peer, msg)
+            if self.refs:
+                self._score_refs()
             now = time.monotonic()
             while self.due and self.due[0][0] <= now:
                 _, _, name, batch = heapq.heappop(self.due)
@@ -188,7 +222,7 @@ class Fleet:
         if isinstance(msg, m.Shutdown):
             self.stopped = True
         elif isinstance(msg, m.Error):
-            self.record.errors[msg.code] = self.record.errors.get(msg.code, 0) + 1
+            self._error(msg.code)
         elif isinstance(msg, m.PromptBatch):
             self._latency(peer, now)
             self._seq += 1
@@ -196,6 +230,12 @@ class Fleet:
         elif isinstance(msg, m.ScoreRequest):
             self._latency(peer, now)
             self._score(peer, msg, now)
+        elif isinstance(msg, ScoreRef):
+            self._latency(peer, now)
+            self.refs.append((peer, msg))
+        elif isinstance(msg, TrainBatchRef):
+            self._latency(peer, now)
+            self._fetch_batch(peer, msg)
         elif isinstance(msg, m.TrainBatch):
             self._latency(peer, now)
             tokens = int(len(msg.input_ids) - np.sum(msg.prompt_lens))
@@ -211,7 +251,10 @@ class Fleet:
 
     def _answer(self, peer: Peer, batch: m.PromptBatch, now: float) -> None:
         for i in range(len(batch.group_ids)):
-            peer.client.send(self.synthetic.rollout(batch, i, peer.instance, self.args.delay_s))
+            msg: m.Message = self.synthetic.rollout(batch, i, peer.instance, self.args.delay_s)
+            if self.store is not None and isinstance(msg, m.Rollout):
+                msg = rollout_meta(msg, self.store.address, self.store.store.put(msg))
+            peer.client.send(msg)
             self.record.sent += 1
         peer.busy_s += self.args.delay_s
         peer.tokens += len(batch.group_ids) * len(self.synthetic.ids)
@@ -228,6 +271,38 @@ class Fleet:
         )  # fmt: skip
         self.record.sent += 1
         self._ask_work(peer, 1, now)
+
+    def _score_refs(self) -> None:
+        """Fetch this round's ScoreRefs in one go, then score each as a ScoreRequest."""
+        if self.fetcher is None:
+            raise RuntimeError("a ScoreRef came to a scorer run without --payloads direct")
+        refs, self.refs = self.refs, []
+        got = self.fetcher.fetch([PayloadRef(r.group_id, r.source, r.digest) for _, r in refs])
+        now = time.monotonic()
+        for peer, ref in refs:
+            request = score_request_of(ref, got.get(ref.group_id, "unreachable"),
+                                       self.args.group_size)  # fmt: skip
+            if isinstance(request, PayloadLost):
+                self._error("payload_lost")
+                peer.client.send(request)
+                self._ask_work(peer, 1, now)
+            else:
+                self._score(peer, request, now)
+
+    def _fetch_batch(self, peer: Peer, ref: TrainBatchRef) -> None:
+        """The trainer's fetch: every group, digests checked; a loss is told and re-asked."""
+        if self.fetcher is None:
+            raise RuntimeError("a TrainBatchRef came to a trainer run without --payloads direct")
+        got = fetch_batch(self.fetcher, ref, version=peer.step, attempt=0)
+        if isinstance(got, PayloadLost):
+            self._error("payload_lost")
+            peer.client.send(got)
+            self._ask_batch(peer, time.monotonic())
+            return
+        self._on_message(peer, got)
+
+    def _error(self, code: str) -> None:
+        self.record.errors[code] = self.record.errors.get(code, 0) + 1
 
     def _ask_work(self, peer: Peer, credits: int, now: float) -> None:
         peer.client.send(m.WorkRequest(instance=peer.instance, credits=credits))
@@ -266,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-s", type=float, default=0.5)
     p.add_argument("--credits", type=int, default=1)
     p.add_argument("--heartbeat-s", type=float, default=1.0)
+    p.add_argument("--payloads", choices=["hub", "direct"], default="hub",
+                   help="the hub's hub.payloads (direct: payloads stay here)")  # fmt: skip
     return p
 
 
@@ -276,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         peers = join_all(ctx, args.hub, args.role, names, load_secret(args.secret))
         args.out.with_suffix(".joined").touch()
-        record = Fleet(args, peers).run(args.stop_at, args.stop_file)
+        fleet = Fleet(args, peers, ctx)
+        try:
+            record = fleet.run(args.stop_at, args.stop_file)
+        finally:
+            fleet.close()
         for peer in peers:
             peer.client.close()
     finally:

@@ -215,6 +215,14 @@ class HubSettings(BaseModel):
     """Seconds between hub checkpoints (buffer, cursor, leases, counters)."""
     replay: ReplaySettings = ReplaySettings()
     """The experience-replay buffer."""
+    payloads: Literal["hub", "direct"] = "hub"
+    """hub: completions travel through the hub (Rollout, ScoreRequest, TrainBatch). direct:
+    each generator serves its Rollouts from a bounded store on its own ROUTER and the hub
+    carries only metadata and references; scorers and the trainer fetch the payloads from
+    the generator (grpo_stream.hub.payload_store). Needs trainer.ranks = 1 and no env."""
+    payload_bind: str = "tcp://127.0.0.1:0"
+    """payloads = direct: where each generator's payload store binds (port 0: a free one);
+    scorers and the trainer must reach it."""
     fault_raise_at_step: int | None = None
     """Test hook: the hub raises right after serving this trainer step (only a hub that did
     not resume, so its restarted self carries on)."""
@@ -363,6 +371,12 @@ class RunConfig(BaseModel):
             raise ValueError(
                 "trainer.lora.enabled does not work with trainer.parallel='fsdp2' (the adapter "
                 "is small: use trainer.parallel='ddp', which all-reduces only its gradients)"
+            )
+        if self.hub.payloads == "direct" and (self.trainer.ranks > 1 or self.env.enabled):
+            raise ValueError(
+                "hub.payloads = 'direct' needs trainer.ranks = 1 and no env (a rank that "
+                "cannot fetch its shard would leave the others in their collectives; episodes "
+                "are scored by the hub): use hub.payloads = 'hub'"
             )
         check_eval_config(self.eval.every, self.eval.task, self.task.holdout)
         check_env_config(self.env, self.trainer.micro_batch_tokens)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols import payloads as p
 from grpo_stream.protocols.arrays import wire_dtypes
 from grpo_stream.protocols.codec import encode
 
@@ -199,9 +200,44 @@ def _control_examples() -> list[m.Message]:
     ]
 
 
+def _payload_examples() -> list[m.Message]:
+    sampling = m.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8)
+    digest = "00112233445566778899aabbccddeeff"
+    return [
+        p.RolloutMeta(
+            lease_id=7, group_id=100, instance="gen-0", policy_version=4,
+            source="tcp://10.0.0.3:5701", digest=digest, prompt_len=4,
+            completion_lens=np.array([3, 4], dtype=np.int64), truncated=[False, True],
+            gen_seconds=0.25, sampling=sampling,
+        ),
+        p.ScoreRef(
+            lease_id=9, group_id=100, prompt="1+2=", reference={"answer": "3"},
+            source="tcp://10.0.0.3:5701", digest=digest,
+        ),
+        p.PayloadRequest(group_id=100, digest=digest),
+        p.TrainBatchRef(
+            step=12, group_ids=np.array([100], dtype=np.int64),
+            sources=["tcp://10.0.0.3:5701"], digests=[digest],
+            versions=np.array([4], dtype=np.int64),
+            group_offsets=np.array([0, 2], dtype=np.int64),
+            completion_lens=np.array([3, 4], dtype=np.int64),
+            rewards=np.array([1.0, np.nan], dtype=np.float32),
+            advantages=np.array([0.7071, 0.0], dtype=np.float32),
+            valid=np.array([1, 0], dtype=np.uint8),
+            totals=m.BatchTotals(num_seqs=1, num_tokens=3), sampling=sampling,
+            stats=step_stats_example(),
+        ),
+        p.PayloadLost(
+            group_ids=[100, 101], reason="trainer: 2 of 16 groups", step=12, trainer_version=4,
+            attempt=0, codes=["payload_evicted", "unreachable"],
+        ),
+    ]  # fmt: skip
+
+
 def examples() -> list[m.Message]:
     """One fixed example of every message kind, in registry order."""
-    by_kind = {msg.KIND: msg for msg in _control_examples() + _data_examples()}
+    every = _control_examples() + _data_examples() + _payload_examples()
+    by_kind = {msg.KIND: msg for msg in every}
     return [by_kind[kind] for kind in m.MESSAGES]
 
 

@@ -402,3 +402,7 @@ MESSAGES: dict[str, type[Message]] = {
     )
 }
 """Every message class by its KIND."""
+
+from grpo_stream.protocols.payloads import PAYLOAD_MESSAGES  # noqa: E402 (it needs the above)
+
+MESSAGES.update(PAYLOAD_MESSAGES)

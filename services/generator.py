@@ -22,6 +22,7 @@ from grpo_stream.config import RunConfig
 from grpo_stream.engines import Completion, Engine, GroupSample, make_engine
 from grpo_stream.engines.inflight import InflightEngine
 from grpo_stream.envs.service import EpisodePlayer
+from grpo_stream.hub.payload_store import PayloadOutbox, Sender
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.session.service import Join, Session, run_service
@@ -66,6 +67,9 @@ class Generator:
         self.apply_s = 0.0  # main-thread seconds spent fetching/applying weights
         self._restarts = 0  # trainer restarts seen (a background fetch started before one is old)
         self._fetch_started: tuple[float, int] | None = None  # background fetch: (t0, restarts)
+        self.out: Sender = link  # hub.payloads = "direct": Rollouts stay in our store
+        if self.cfg.hub.payloads == "direct":
+            self.out = PayloadOutbox(link, link.ctx, self.cfg, link.security)
         link.on_rejoin(self._rejoined)
 
     @property
@@ -80,6 +84,13 @@ class Generator:
         self.announced = max(self.announced, self.link.policy_version)
 
     def serve(self) -> None:
+        try:
+            self._serve()
+        finally:
+            if isinstance(self.out, PayloadOutbox):
+                self.out.close()
+
+    def _serve(self) -> None:
         self.link.pull(2 * self.credits)
         while not self.stop.set:
             idle = not self.queue
@@ -299,7 +310,7 @@ class Generator:
         flat_ids = [t for c in comps for t in c.token_ids]
         flat_lp = [lp for c in comps for lp in c.logprobs]
         starts, versions = token_version_runs(comps, offsets, self.engine.version)
-        self.link.send(
+        self.out.send(
             m.Rollout(
                 lease_id=batch.lease_id,
                 group_id=group_id,

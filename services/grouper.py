@@ -31,7 +31,8 @@ from grpo_stream.algo.advantages import batch_window, stream_batch_std
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
-from grpo_stream.hub.batches import assemble, step_stats
+from grpo_stream.hub.batches import assemble, failure_streak, step_stats
+from grpo_stream.hub.direct import DirectPayloads
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.episodes import check_episode, is_episode, scored_by_env
 from grpo_stream.hub.journal import SendJournal
@@ -43,6 +44,7 @@ from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
 from grpo_stream.hub.watchdog import Watchdog
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.payloads import PayloadLost, RolloutMeta
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.session.hub import HubSessions
 from grpo_stream.transport.sockets import Server, close_context, make_context
@@ -95,6 +97,12 @@ class Grouper:
         self.desk = BatchDesk(
             hub, self.ledger, self.buffer, self._send, self._batch_stats, self.journal
         )
+        self.direct: DirectPayloads | None = None  # hub.payloads = "direct"
+        if hub.payloads == "direct":  # payloads stay with their generators
+            self.direct = DirectPayloads(
+                cfg.generator.group_size, self.task, self.ledger, self.desk, self.rollouts,
+                self._refuse, self._checkpoint,
+            )  # fmt: skip
         self.ctx = make_context()
         self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
         self.sessions = HubSessions(
@@ -183,6 +191,8 @@ class Grouper:
             for peer in self.sessions.expire(now):
                 if peer.service == "trainer":
                     self.desk.drop(peer.identity)
+                elif peer.service == "generator" and self.direct is not None:
+                    self.direct.holder_lost(peer.instance, "silent")
             expired = self.ledger.expire(now)
             if expired:
                 log.warning("lease.expired", groups=expired)
@@ -201,16 +211,21 @@ class Grouper:
         if isinstance(msg, m.StatusRequest):
             self.server.send(identity, self._status())
             return
+        if self.direct is not None:  # a generator leaving or restarted takes its payloads
+            self.direct.before_session(identity, msg, self.registry)
         peer = self.sessions.handle(identity, msg)  # Hello, Heartbeat, credits, Shutdown
         if self.sessions.trainer_done:
             self._stop = True
         if peer is None:
             return
         handlers: dict[type[m.Message], Callable[[Peer, Any], None]] = {
-            m.Rollout: self._on_rollout,
             m.Scored: self._on_scored,
             m.BatchRequest: self._on_batch_request,
         }
+        if self.direct is None:
+            handlers[m.Rollout] = self._on_rollout
+        else:
+            handlers.update({RolloutMeta: self.direct.on_meta, PayloadLost: self.direct.on_lost})
         handler = handlers.get(type(msg))
         wrong_role = guard.check_role(peer.service, msg)
         if wrong_role is not None:
@@ -271,6 +286,8 @@ class Grouper:
         algo = self.cfg.algo
         std = stream_batch_std(self.recent_rewards) if algo.advantage.scale == "batch" else None
         got = assemble(rollout, msg, algo.advantage, std, algo.returns, algo.gamma)
+        if self.direct is not None:
+            self.direct.attach(got.group)
         self._count_failure(msg, got.failed)
         if got.failed:
             self.ledger.finish(msg.group_id, "failed")
@@ -286,17 +303,9 @@ class Grouper:
         """Groups whose every reward failed, in a row: past `run.abort_after_failed_groups`
         the run cannot learn anything, so it stops, with one line naming the reward."""
         self._failed_in_row = self._failed_in_row + 1 if failed else 0
-        if self._failed_in_row < self.cfg.run.abort_after_failed_groups:
-            return
-        names = list(msg.component_names)
-        comps = np.asarray(msg.components, dtype=np.float32).reshape(len(names), -1)
-        failing = [n for n, row in zip(names, comps, strict=True) if np.isnan(row).all()]
-        last = msg.errors[-1] if msg.errors else "no error reported"
-        self._abort(
-            f"{self._failed_in_row} groups in a row had every reward fail "
-            f"(run.abort_after_failed_groups={self.cfg.run.abort_after_failed_groups}); "
-            f"failing reward(s): {', '.join(failing) or '?'}; last error: {last}"
-        )
+        reason = failure_streak(msg, self._failed_in_row, self.cfg.run.abort_after_failed_groups)
+        if reason is not None:
+            self._abort(reason)
 
     def _abort(self, reason: str) -> None:
         log.error("run.aborted", error=reason)
@@ -305,21 +314,7 @@ class Grouper:
         self._shutdown_reason = f"aborted: {reason}"
 
     def _on_batch_request(self, peer: Peer, msg: m.BatchRequest) -> None:
-        if (
-            peer.service != "trainer"
-            or not 0 <= msg.rank < msg.world_size <= self.cfg.trainer.ranks
-        ):
-            self.server.rejected["bad_batch_request"] += 1
-            self.server.send(
-                peer.identity,
-                m.Error(
-                    code="bad_batch_request",
-                    in_reply_to=msg.KIND,
-                    message=f"only the trainer's {self.cfg.trainer.ranks} rank(s) ask for batches",
-                ),
-            )
-            return
-        refused = guard.check_batch_request(msg, self.desk)
+        refused = guard.check_batch_request(msg, self.desk, self.cfg.trainer.ranks)
         if refused is not None:
             self._refuse(peer.identity, "bad_batch_request", refused, msg.KIND)
             return
@@ -328,7 +323,7 @@ class Grouper:
     # ----- work out ---------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
         self.dispatcher.generators(now)
-        self.dispatcher.scorers(now, self.rollouts)
+        self.dispatcher.scorers(now, self.rollouts, self.direct)
 
     def _batch_stats(self, groups: list[Group]) -> m.StepStats:
         """A step's statistics; the filtered groups' rewards start a new window."""
@@ -369,6 +364,8 @@ class Grouper:
     # ----- checkpoint -------------------------------------------------------------------
     def _checkpoint(self) -> None:
         self._last_ckpt = time.monotonic()
+        if self.direct is not None:
+            self.direct.prune()
         save_state(
             self._state_path,
             {

@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 import structlog
 
+from grpo_stream.hub.payload_refs import score_request_of
+from grpo_stream.hub.payload_store import PayloadFetcher, PayloadRef
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.payloads import PayloadLost, ScoreRef
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.session.service import Join, Session, run_service
 
@@ -31,8 +34,14 @@ def serve_scorer(link: Session) -> int:
     ) as pool:
         log.info("scorer.ready", rewards=[s.name for s in specs], workers=cfg.scorer.workers)
         link.pull(cfg.scorer.groups_per_request)
+        fetcher = None  # hub.payloads = "direct": the completions are fetched from generators
+        if cfg.hub.payloads == "direct":
+            timeout_s = cfg.transport.io_timeout_ms / 1000
+            fetcher = PayloadFetcher(link.ctx, cfg.transport, link.security, "scorer", timeout_s)
         while not link.stop.set:
             msg = link.recv(timeout_ms=50)
+            if isinstance(msg, ScoreRef) and fetcher is not None:
+                msg = _fetched(fetcher, msg, cfg.generator.group_size, link)
             if not isinstance(msg, m.ScoreRequest):
                 continue
             result = pool.score(msg.prompt, list(msg.completions), dict(msg.reference))
@@ -56,7 +65,25 @@ def serve_scorer(link: Session) -> int:
                 **{k: v for k, v in pool.stats().items() if isinstance(v, (int, float))},
             )
             link.replenish(1)
+    if fetcher is not None:
+        fetcher.close()
     return 0
+
+
+def _fetched(
+    fetcher: PayloadFetcher, ref: ScoreRef, group_size: int, link: Session
+) -> m.ScoreRequest | None:
+    """The ScoreRequest of `ref` with the texts fetched from its generator; None after
+    telling the hub it could not be fetched (the group is generated again)."""
+    got = fetcher.fetch([PayloadRef(ref.group_id, ref.source, ref.digest)])
+    request = score_request_of(ref, got.get(ref.group_id, "unreachable"), group_size)
+    if isinstance(request, PayloadLost):
+        log.error("payloads.fetch_failed", group_id=ref.group_id, code=request.codes[0],
+                  source=ref.source)  # fmt: skip
+        link.send(request)
+        link.replenish(1)
+        return None
+    return request
 
 
 def run_scorer(join: Join) -> int:

@@ -28,6 +28,7 @@ import structlog
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_HUB_GONE
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.payloads import TrainBatchRef
 from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.training.device import release_cache
 from grpo_stream.training.metrics import hub_columns
@@ -63,6 +64,7 @@ class Trainer:
         self._reporter: subprocess.Popen[bytes] | None = None
         self._next_report = time.monotonic() + 30.0
         self._asked: float | None = None  # when the outstanding BatchRequest went out
+        self._fetcher: Any = None  # hub.payloads = "direct": a PayloadFetcher, made at need
         link.on_rejoin(self._rejoined)
 
     @property
@@ -163,6 +165,8 @@ class Trainer:
         try:
             while not self.stop.set:
                 msg = self.link.recv(timeout_ms=100)
+                if isinstance(msg, TrainBatchRef) and msg.step == self.state.step:
+                    msg = self._fetch(msg)  # hub.payloads = "direct"
                 if isinstance(msg, m.TrainBatch) and msg.step == self.state.step:
                     return msg, time.perf_counter() - t0
                 if isinstance(msg, m.TrainBatch):  # an answer to an earlier, repeated request
@@ -174,6 +178,25 @@ class Trainer:
             return None, time.perf_counter() - t0
         finally:
             self._asked = None
+
+    def _fetch(self, ref: TrainBatchRef) -> m.TrainBatch | None:
+        """The batch of `ref`, its groups fetched from their generators; None after telling
+        the hub which could not be fetched and asking again (the hub serves the step anew)."""
+        from grpo_stream.hub.payload_refs import fetch_batch
+        from grpo_stream.hub.payload_store import PayloadFetcher
+
+        if self._fetcher is None:
+            timeout_s = self.cfg.transport.io_timeout_ms / 1000
+            self._fetcher = PayloadFetcher(
+                self.link.ctx, self.cfg.transport, self.link.security, "trainer", timeout_s
+            )
+        got = fetch_batch(self._fetcher, ref, self.state.version, self.attempt)
+        if isinstance(got, m.TrainBatch):
+            return got
+        log.error("payloads.fetch_failed", step=ref.step, groups=got.group_ids, codes=got.codes)
+        self.link.send(got)
+        self._ask()
+        return None
 
     def _ask(self) -> None:
         self.link.send(self._request())
@@ -257,6 +280,8 @@ class Trainer:
             self._report()
         if self.server is not None:
             self.server.close()
+        if self._fetcher is not None:
+            self._fetcher.close()
 
 
 def _r(value: Any) -> Any:

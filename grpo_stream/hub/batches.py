@@ -92,16 +92,21 @@ def build_step(
 ) -> list[TrainBatch]:
     """The step's TrainBatch shards, one per trainer rank (rank r gets groups r, r+W, ...),
     each with the whole step's totals (the ranks' loss normalisers)."""
+    totals = step_totals(step, groups)
+    return [shard(step, groups[r::world], totals, groups[0].sampling, stats) for r in range(world)]
+
+
+def step_totals(step: int, groups: list[Group]) -> BatchTotals:
+    """The step's loss normalisers; its groups must all have been sampled alike."""
     if not groups:
         raise ValueError(f"step {step}: no groups to train on")
     samplings = {(s.temperature, s.top_p, s.max_tokens) for s in (g.sampling for g in groups)}
     if len(samplings) > 1:
         raise ValueError(f"step {step}: its groups were sampled differently: {sorted(samplings)}")
     seqs = [(g, lo, hi) for g in groups for _, lo, hi in kept(g)]
-    totals = BatchTotals(
+    return BatchTotals(
         num_seqs=len(seqs), num_tokens=sum(_trained(g, lo, hi) for g, lo, hi in seqs)
     )
-    return [_shard(step, groups[r::world], totals, groups[0].sampling, stats) for r in range(world)]
 
 
 def _trained(g: Group, lo: int, hi: int) -> int:
@@ -115,7 +120,7 @@ def build_batch(step: int, groups: list[Group], stats: StepStats | None = None) 
     return build_step(step, groups, offline_stats(groups) if stats is None else stats)[0]
 
 
-def _shard(
+def shard(
     step: int,
     groups: list[Group],
     totals: BatchTotals,
@@ -256,4 +261,20 @@ def reward_stats(groups: list[Group], filtered_rewards: list[float]) -> tuple[fl
         float(np.mean(rewards)),
         float(np.std(rewards)),
         float(np.mean([r >= 1.0 for r in rewards])),
+    )
+
+
+def failure_streak(msg: Scored, in_row: int, limit: int) -> str | None:
+    """Why the run stops after `in_row` groups in a row whose every reward failed (the last
+    one `msg`), or None below `run.abort_after_failed_groups` (`limit`)."""
+    if in_row < limit:
+        return None
+    names = list(msg.component_names)
+    comps = np.asarray(msg.components, dtype=np.float32).reshape(len(names), -1)
+    failing = [n for n, row in zip(names, comps, strict=True) if np.isnan(row).all()]
+    last = msg.errors[-1] if msg.errors else "no error reported"
+    return (
+        f"{in_row} groups in a row had every reward fail "
+        f"(run.abort_after_failed_groups={limit}); "
+        f"failing reward(s): {', '.join(failing) or '?'}; last error: {last}"
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -27,6 +28,15 @@ from grpo_stream.protocols import messages as m
 from grpo_stream.tasks import Task
 
 Send = Callable[[bytes, m.Message], object]
+
+
+class ScoreRefs(Protocol):
+    """hub.payloads = "direct": builds the request pointing a scorer at a group's payload
+    (`grpo_stream.hub.direct.DirectPayloads`)."""
+
+    def score_request(self, lease_id: int, group_id: int) -> m.Message: ...
+
+
 SHARES_EVERY_S = 1.0
 """Longest time dispatch uses the same shares while the same generators are connected
 (throughput reports arrive with heartbeats, about one per second per generator)."""
@@ -135,15 +145,22 @@ class Dispatcher:
             ),
         )
 
-    def scorers(self, now: float, rollouts: dict[int, m.Rollout]) -> None:
+    def scorers(
+        self, now: float, rollouts: dict[int, m.Rollout], refs: ScoreRefs | None = None
+    ) -> None:
+        """Lease groups to scorers with credits: their texts (ScoreRequest), or under
+        hub.payloads = "direct" where to fetch them (`refs`: a ScoreRef)."""
         for peer in self.registry.of("scorer"):
             while peer.credits > 0:
                 taken = self.ledger.take_for_scoring(peer.instance, now)
                 if taken is None:
                     return
                 lease, gid = taken
-                ro = rollouts[gid]
                 peer.credits -= 1
+                if refs is not None:
+                    self.send(peer.identity, refs.score_request(lease.lease_id, gid))
+                    continue
+                ro = rollouts[gid]
                 self.send(
                     peer.identity,
                     m.ScoreRequest(

@@ -17,14 +17,24 @@ What a stranger can no longer do (without CURVE, any process on the network can 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from grpo_stream.hub.auth import HelloAuth, KeyRoles
 from grpo_stream.hub.registry import Registry
-from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.payloads import RolloutMeta
 
-WORKS = {m.Rollout: "generator", m.Scored: "scorer", m.BatchRequest: "trainer"}
+if TYPE_CHECKING:  # serving imports payload_refs, which imports this module
+    from grpo_stream.hub.serving import BatchDesk
+
+WORKS = {
+    m.Rollout: "generator",
+    RolloutMeta: "generator",
+    m.Scored: "scorer",
+    m.BatchRequest: "trainer",
+}
 """The only service that may send each kind of result."""
 
 
@@ -102,9 +112,12 @@ def check_scored(msg: m.Scored, rollout: m.Rollout | None) -> str | None:
     return None
 
 
-def check_batch_request(msg: m.BatchRequest, desk: BatchDesk) -> str | None:
-    """Within what the trainer can have asked: at most one step past the last served, at a
-    version the ledger finds plausible (`Ledger.plausible_trainer_version`)."""
+def check_batch_request(msg: m.BatchRequest, desk: BatchDesk, ranks: int = 1) -> str | None:
+    """Within what the trainer can have asked: from one of its `ranks` ranks, at most one
+    step past the last served, at a version the ledger finds plausible
+    (`Ledger.plausible_trainer_version`)."""
+    if not 0 <= msg.rank < msg.world_size <= ranks:
+        return f"only the trainer's {ranks} rank(s) ask for batches"
     if msg.step < 0 or msg.trainer_version < 0 or msg.attempt < 0:
         return "negative step, version or attempt"
     if desk.last is None:

@@ -24,6 +24,7 @@ import msgpack
 
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import decode, encode
+from grpo_stream.protocols.payloads import TrainBatchRef
 
 _LEN = struct.Struct(">I")
 
@@ -43,7 +44,7 @@ class Sent:
     @classmethod
     def of(
         cls, seq: int, request: m.BatchRequest, groups: list[int], first: list[bool],
-        shards: list[m.TrainBatch],
+        shards: list[m.TrainBatch] | list[TrainBatchRef],
     ) -> Sent:  # fmt: skip
         frames = [[bytes(f) for f in encode(batch)] for batch in shards]
         return cls(
@@ -55,9 +56,9 @@ class Sent:
         key = (request.step, request.trainer_version, request.attempt)
         return key == (self.step, self.version, self.attempt) and request.rank < len(self.shards)
 
-    def shard(self, rank: int) -> m.TrainBatch:
+    def shard(self, rank: int) -> m.TrainBatch | TrainBatchRef:
         batch = decode(self.shards[rank])
-        if not isinstance(batch, m.TrainBatch):
+        if not isinstance(batch, m.TrainBatch | TrainBatchRef):
             raise ValueError(f"journal record {self.seq} holds a {batch.KIND}, not a train_batch")
         return batch
 

@@ -222,6 +222,29 @@ class Ledger:
             if not lease.group_ids:
                 del self.leases[lease_id]
 
+    # ----- direct payloads: the generator's copy is gone -------------------------------
+    def regenerate(self, group_id: int) -> bool:
+        """A group returned but not yet trained whose payload was lost with its generator
+        (hub.payloads = "direct"): generate it again. False if it is at no such stage."""
+        if self.stage.get(group_id) not in ("to_score", "scoring", "buffered"):
+            return False
+        if group_id in self.to_score:
+            self.to_score.remove(group_id)
+        self._release(group_id)
+        self.stage[group_id] = "queued"
+        self.retry.append(group_id)
+        self.counters["requeued_payload"] += 1
+        return True
+
+    def unserve(self, group_ids: list[int]) -> None:
+        """Groups counted trained at their first use in a step the trainer could not build
+        (a payload was lost): not trained after all; generate them again."""
+        for gid in group_ids:
+            self.counters["trained"] -= 1
+            self.stage[gid] = "queued"
+            self.retry.append(gid)
+            self.counters["requeued_payload"] += 1
+
     # ----- loss of a holder -----------------------------------------------------------
     def release_holder(self, holder: str) -> int:
         """Put back everything `holder` held; returns how many groups."""
@@ -264,6 +287,7 @@ class Ledger:
             redispatched=int(self.counters["redispatched"]),
             requeued_generate=int(self.counters["requeued_generate"]),
             requeued_score=int(self.counters["requeued_score"]),
+            requeued_payload=int(self.counters["requeued_payload"]),
             duplicates_dropped=int(self.counters["duplicates_dropped"]),
         )
         return out

@@ -43,6 +43,11 @@ class Group:
     """Episodes: (sum_i L_i,) uint8, 1 on sampled tokens; empty: all sampled."""
     token_advantages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     """Per-turn returns: (sum_i L_i,) float32 per-token advantages; empty: `advantages`."""
+    source: str = ""
+    """hub.payloads = "direct": the payload store holding the tokens (the arrays above are
+    then lengths only: empty ids and log-probs, real offsets); "" when the hub holds them."""
+    digest: str = ""
+    """hub.payloads = "direct": the payload's digest (`protocols.payloads.payload_digest`)."""
 
     @property
     def size(self) -> int:
@@ -60,6 +65,8 @@ class Group:
             "truncated": list(self.truncated),
             "uses": self.uses,
             "sampling": asdict(self.sampling),
+            "source": self.source,
+            "digest": self.digest,
         }
         for name in ARRAY_FIELDS:
             arr = np.ascontiguousarray(getattr(self, name))
@@ -80,6 +87,8 @@ class Group:
             truncated=[bool(t) for t in state["truncated"]],
             uses=int(state["uses"]),
             sampling=SamplingParams(**state["sampling"]),
+            source=str(state.get("source", "")),  # checkpoints from before direct payloads
+            digest=str(state.get("digest", "")),
             **arrays,
         )
 
@@ -157,6 +166,12 @@ class ReplayBuffer:
         used_up = {id(g) for g in chosen if g.uses >= self.reuse}
         self._groups = [g for g in self._groups if id(g) not in used_up]
         return Sampled(groups=chosen, first_use=first_use, stale=stale)
+
+    def drop(self, group_ids: set[int]) -> list[Group]:
+        """Take these groups out (their payloads are gone); returns the ones it held."""
+        gone = [g for g in self._groups if g.group_id in group_ids]
+        self._groups = [g for g in self._groups if g.group_id not in group_ids]
+        return gone
 
     def mark_used(self, group_ids: list[int]) -> None:
         """Count one more use of each group (a send the checkpoint missed, from the journal)."""

@@ -29,6 +29,7 @@ from grpo_stream.config import HubSettings
 from grpo_stream.hub.batches import build_step
 from grpo_stream.hub.journal import SendJournal, Sent
 from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.payload_refs import build_ref_step
 from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.protocols import messages as m
 
@@ -122,7 +123,8 @@ class BatchDesk:
             if first:
                 self.ledger.finish(g.group_id, "trained")
         self.ledger.check_invariant()
-        shards = build_step(head.step, sampled.groups, self.stats(sampled.groups), world)
+        build = build_ref_step if self.hub.payloads == "direct" else build_step
+        shards = build(head.step, sampled.groups, self.stats(sampled.groups), world)
         seqs = shards[0].totals.num_seqs
         ids = [g.group_id for g in sampled.groups]
         record = Sent.of(self.seq + 1, head, ids, list(sampled.first_use), shards)
@@ -145,6 +147,18 @@ class BatchDesk:
         self.last = record
         self.history.append((record.step, record.first_uses()))
         self.ledger.step_served(record.version)
+
+    def unserve(self, step: int, version: int, attempt: int) -> list[int] | None:
+        """The trainer could not build the last step served (hub.payloads = "direct": a
+        payload was lost): forget it; returns its first uses (for the ledger to generate
+        again), or None if (step, version, attempt) is not the last step served."""
+        last = self.last
+        if last is None or (step, version, attempt) != (last.step, last.version, last.attempt):
+            return None
+        self.last = None
+        if self.history and self.history[-1][0] == last.step:
+            self.history.pop()
+        return last.first_uses()
 
     # ----- restore ----------------------------------------------------------------------
     def replay(self, record: Sent) -> None:

@@ -52,6 +52,12 @@ def test_cross_field_check_groups_per_step_vs_ranks() -> None:
     assert load_config(None, ["hub.groups_per_step=4", "trainer.ranks=4"]).trainer.ranks == 4
 
 
+def test_direct_payloads_on_several_ranks_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"hub\.payloads = 'direct' needs trainer\.ranks = 1"):
+        load_config(None, ["hub.payloads=direct", "trainer.ranks=2", "hub.groups_per_step=4"])
+    assert load_config(None, ["hub.payloads=direct"]).hub.payloads == "direct"
+
+
 def test_several_minibatches_on_several_ranks_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"trainer\.minibatches > 1 needs trainer\.ranks = 1"):
         load_config(None, ["trainer.minibatches=4", "trainer.ranks=2", "hub.groups_per_step=4"])

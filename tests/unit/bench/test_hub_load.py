@@ -43,6 +43,13 @@ def test_the_gate_lets_every_generator_hold_its_prompts_twice(
     assert capacity >= 2 * 1024 * args.prompts_per_request
 
 
+def test_each_mode_sets_the_hubs_payloads(hub_load: ModuleType, tmp_path: Path) -> None:
+    args = hub_load.build_parser().parse_args([])
+    assert args.payloads == ["hub", "direct"]  # before and after, in one run
+    sets = hub_load.hub_settings(args, 8, tmp_path, "direct")
+    assert "hub.payloads=direct" in sets[1::2]
+
+
 def test_the_summary_counts_only_the_measured_window(hub_load: ModuleType) -> None:
     trainer = {"latencies_s": [0.5, 0.01], "stamps": [5.0, 15.0], "errors": {},
                "groups": [[5.0, 64, 999], [12.0, 64, 64_000], [14.0, 64, 64_000]]}  # fmt: skip
@@ -64,10 +71,13 @@ def test_a_short_run_delivers_batches_through_the_real_hub(
     argv = ["--generators", "16", "--seconds", "4", "--warmup", "2", "--offered", "100",
             "--tokens", "128", "--groups-per-step", "16", "--out", str(out)]  # fmt: skip
     assert hub_load.main(argv) == 0, sys.stderr
-    (row,) = json.loads(out.read_text())["rows"]
-    assert row["groups_per_s"] > 0 and row["dispatch_samples"] > 0
-    assert row["errors_seen_by_peers"] == {}
-    hub = row["hub"]
-    done = sum(hub[k] for k in ("trained", "filtered", "stale", "failed"))
-    assert hub["dispatched"] == done + hub["in_progress"]  # the ledger balances
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["payloads"] for r in rows] == ["hub", "direct"]
+    for row in rows:  # direct: the simulated peers fetched (and checked) every payload
+        assert row["groups_per_s"] > 0 and row["dispatch_samples"] > 0
+        assert row["errors_seen_by_peers"] == {}
+        hub = row["hub"]
+        done = sum(hub[k] for k in ("trained", "filtered", "stale", "failed"))
+        assert hub["dispatched"] == done + hub["in_progress"]  # the ledger balances
+        assert hub["rejected"] == {}
     assert out.with_suffix(".png").exists()
