@@ -18,18 +18,21 @@ from grpo_stream.protocols.codec import decode, encode
 
 from .conftest import Run, hub_events
 
-STEPS = 40  # long enough that the run is live while every stranger asks (up to 5 s each)
+# long enough that the run is still live while every stranger asks (up to 5 s each): 40 steps
+# could finish in ~16 s on a quiet machine and race the last strangers (one run in 4 failed)
+STEPS = 120
 
 
-def _ask(run_dir: Path, *msgs: m.Message, identity: str = "") -> list[m.Message | None]:
+def _ask(run: Run, *msgs: m.Message, identity: str = "") -> list[m.Message | None]:
     """Send each message on one stranger connection; the hub's reply to each (None: none)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity.encode())
-    sock.connect((run_dir / "hub.addr").read_text().strip())
+    sock.connect((run.run_dir / "hub.addr").read_text().strip())
     replies: list[m.Message | None] = []
+    assert run.proc.poll() is None, "the run ended before this stranger asked: raise STEPS"
     try:
         for msg in msgs:
             sock.send_multipart([bytes(f) for f in encode(msg)])
@@ -66,7 +69,7 @@ def test_the_runs_secret_is_private(live: Run) -> None:
 def test_a_stranger_without_the_secret_cannot_say_hello_as_the_trainer(live: Run) -> None:
     forged = _trainer_hello()
     forged.auth = "v1:1:00:" + "0" * 64  # well-formed, not made with the secret
-    replies = _ask(live.run_dir, _trainer_hello(), forged)
+    replies = _ask(live, _trainer_hello(), forged)
     assert [type(r) for r in replies] == [m.Error, m.Error]
     assert all(isinstance(r, m.Error) and r.code == "bad_hello" for r in replies)
 
@@ -77,14 +80,14 @@ def test_a_strangers_batch_request_and_short_scored_are_refused_unregistered(liv
     short = m.Scored(lease_id=1, group_id=0, rewards=np.zeros(3, np.float32),
                      component_names=["r"], components=np.zeros((1, 3), np.float32),
                      errors=[])  # fmt: skip  # 3 rewards for G=4: crashed the hub before
-    replies = _ask(live.run_dir, huge, short)
+    replies = _ask(live, huge, short)
     assert all(isinstance(r, m.Error) and r.code == "unregistered" for r in replies), replies
 
 
 @pytest.mark.slow
 def test_a_stranger_with_the_trainers_identity_gets_nothing(live: Run) -> None:
     # the hub's ROUTER refuses a second connection with a live identity (no handover)
-    replies = _ask(live.run_dir, m.BatchRequest(step=0, trainer_version=0), identity="trainer-0")
+    replies = _ask(live, m.BatchRequest(step=0, trainer_version=0), identity="trainer-0")
     assert replies == [None]
 
 
@@ -93,7 +96,7 @@ def test_a_peer_with_the_secret_cannot_ask_for_a_trainers_batch(live: Run) -> No
     secret = load_secret(live.run_dir / "secret")
     hello = sign(m.Hello(service="fuzzer", instance="fuzz-peer", host="h", pid=1, capacity=0),
                  secret)  # fmt: skip
-    welcome, got = _ask(live.run_dir, hello, m.BatchRequest(step=0, trainer_version=0))
+    welcome, got = _ask(live, hello, m.BatchRequest(step=0, trainer_version=0))
     assert isinstance(welcome, m.Welcome)
     assert not isinstance(got, m.TrainBatch), "the hub sent a trainer's batch to a stranger"
 
