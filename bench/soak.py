@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 TERMINAL = ("trained", "filtered", "stale", "failed")
-WEIGHT_EVENTS = ("weights.applied", "weights.request_redirected", "weights.relay_failed",
+WEIGHT_EVENTS = ("weights.applied", "weights.sent_to_relay", "weights.relay_failed",
                  "weights.refused", "weights.fetch_failed")  # fmt: skip
 FAST = ["--set", "transport.heartbeat_interval_s=0.5", "--set", "transport.heartbeat_timeout_s=3.0",
         "--set", "hub.checkpoint_every_s=1.0"]  # fmt: skip
@@ -148,7 +148,7 @@ def check(
     """Failures: RSS growth over `growth`, a group sent twice, an unbalanced ledger, relays on
     but never used."""
     failures = []
-    if relay and (weights or {}).get("weights.request_redirected", 0) == 0:
+    if relay and (weights or {}).get("weights.sent_to_relay", 0) == 0:
         failures.append("relay: no fetcher was redirected to a relay")
     for name in sorted(before.keys() & after.keys()):
         if after[name] > before[name] * (1 + growth):

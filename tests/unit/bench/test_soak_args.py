@@ -76,10 +76,10 @@ def test_kills_go_round_the_generators(soak: ModuleType) -> None:
 
 
 def test_relays_on_but_never_used_fails(soak: ModuleType) -> None:
-    unused = {"weights.request_redirected": 0}
+    unused = {"weights.sent_to_relay": 0}
     failures = soak.check({}, {}, BALANCED, [1], 0.10, unused, relay=True)
     assert failures == ["relay: no fetcher was redirected to a relay"]
-    used = {"weights.request_redirected": 3}
+    used = {"weights.sent_to_relay": 3}
     assert soak.check({}, {}, BALANCED, [1], 0.10, used, relay=True) == []
 
 
@@ -89,10 +89,10 @@ def test_weight_events_sum_rate_limited_counts(soak: ModuleType, tmp_path: Path)
     rows = [
         {"event": "weights.applied", "version": 1},
         {"event": "weights.applied"},
-        {"event": "weights.request_redirected", "count": 4},
+        {"event": "weights.sent_to_relay", "count": 4},
         {"event": "batch.sent"},
     ]
     (logs / "trainer-0.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     tally = soak.weight_events(tmp_path)
-    assert tally["weights.applied"] == 2 and tally["weights.request_redirected"] == 4
+    assert tally["weights.applied"] == 2 and tally["weights.sent_to_relay"] == 4
     assert tally["weights.refused"] == 0
