@@ -16,8 +16,8 @@ completions, which leave the in-flight swaps room to fall inside a batch.
 
 Exit status 1 (with one line per failure) when a service's RSS grew more than `--rss-growth`
 (default 10%), a group reached the trainer twice (batch.sent ids repeated), or the ledger does
-not balance: dispatched != trained + filtered + stale + failed + in_progress, or relays were
-on and no fetcher was ever redirected to one (the soak then did not test them).
+not balance: dispatched != trained + filtered + stale + failed + discarded + in_progress, or
+relays were on and no fetcher was ever redirected to one (the soak then did not test them).
 Nothing runs at import time; processes are tracked by pid.
 """
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINAL = ("trained", "filtered", "stale", "failed")
+TERMINAL = ("trained", "filtered", "stale", "failed", "discarded")
 WEIGHT_EVENTS = ("weights.applied", "weights.sent_to_relay", "weights.relay_failed",
                  "weights.refused", "weights.fetch_failed")  # fmt: skip
 FAST = ["--set", "transport.heartbeat_interval_s=0.5", "--set", "transport.heartbeat_timeout_s=3.0",

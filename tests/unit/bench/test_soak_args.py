@@ -96,3 +96,8 @@ def test_weight_events_sum_rate_limited_counts(soak: ModuleType, tmp_path: Path)
     tally = soak.weight_events(tmp_path)
     assert tally["weights.applied"] == 2 and tally["weights.sent_to_relay"] == 4
     assert tally["weights.refused"] == 0
+
+
+def test_discarded_groups_are_accounted(soak: ModuleType) -> None:
+    counters = dict(BALANCED, dispatched=12, discarded=2)  # trained, then rolled back
+    assert soak.check({}, {}, counters, [1], 0.10) == []
