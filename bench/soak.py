@@ -8,7 +8,9 @@ the end, stops the run with SIGTERM, and prints the hub's accounting counters an
 events of every service's log (versions applied, fetchers redirected to a relay, relays given
 up, versions refused).
 
-The weight features: sparse deltas are on unless `--no-deltas`; `--relay` turns relays on
+The weight features: sparse deltas are on unless `--no-deltas`, with
+`weights.delta_max_ratio = 1` so that they are used although the tiny model's fp32 deltas do
+not pay (the server would otherwise send it in full); `--relay` turns relays on
 with `weights.fanout = 1`, so with `--generators 2` the trainer streams each version to one
 generator and redirects the other to it (killing that relay mid-stream is then part of the
 soak); `--inflight` turns on `generator.inflight_updates`; `--max-tokens` sets longer
@@ -69,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 def feature_overrides(args: argparse.Namespace) -> list[str]:
     """The `--set` overrides the weight-feature flags stand for (before `--set`'s own)."""
     sets = [f"generator.count={args.generators}", f"weights.deltas={str(args.deltas).lower()}"]
+    if args.deltas:  # the tiny model's fp32 step deltas (66-75% of the set) would go in full
+        sets.append("weights.delta_max_ratio=1.0")
     if args.relay:
         sets += ["weights.relay=true", "weights.fanout=1"]
     if args.inflight:
@@ -125,14 +129,17 @@ def sent_groups(run_dir: Path) -> list[int]:
 
 
 def weight_events(run_dir: Path) -> dict[str, int]:
-    """How often each of WEIGHT_EVENTS was logged, over every service's log. Rate-limited
-    events log a `count` (occurrences since the last line), which is what is summed."""
-    tally = dict.fromkeys(WEIGHT_EVENTS, 0)
+    """How often each of WEIGHT_EVENTS was logged, over every service's log, and how many
+    fetchers were sent to a relay for a delta (a base >= 0). Rate-limited events log a
+    `count` (occurrences since the last line), which is what is summed."""
+    tally = dict.fromkeys((*WEIGHT_EVENTS, "weights.sent_to_relay.delta"), 0)
     for path in (run_dir / "logs").glob("*.jsonl"):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             if row.get("event") in tally:
                 tally[row["event"]] += int(row.get("count", 1))
+            if row.get("event") == "weights.sent_to_relay" and int(row["base"]) >= 0:
+                tally["weights.sent_to_relay.delta"] += int(row.get("count", 1))
     return tally
 
 

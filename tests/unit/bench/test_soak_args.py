@@ -58,7 +58,8 @@ def test_weight_feature_flags_become_overrides(soak: ModuleType) -> None:
         ["--generators", "2", "--relay", "--inflight", "--max-tokens", "48"]
     )
     assert soak.feature_overrides(args) == [
-        "generator.count=2", "weights.deltas=true", "weights.relay=true", "weights.fanout=1",
+        "generator.count=2", "weights.deltas=true", "weights.delta_max_ratio=1.0",
+        "weights.relay=true", "weights.fanout=1",
         "generator.inflight_updates=true", "generator.max_tokens=48",
     ]  # fmt: skip
 
@@ -89,12 +90,14 @@ def test_weight_events_sum_rate_limited_counts(soak: ModuleType, tmp_path: Path)
     rows = [
         {"event": "weights.applied", "version": 1},
         {"event": "weights.applied"},
-        {"event": "weights.sent_to_relay", "count": 4},
+        {"event": "weights.sent_to_relay", "count": 4, "base": -1},
+        {"event": "weights.sent_to_relay", "count": 2, "base": 6},
         {"event": "batch.sent"},
     ]
     (logs / "trainer-0.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     tally = soak.weight_events(tmp_path)
-    assert tally["weights.applied"] == 2 and tally["weights.sent_to_relay"] == 4
+    assert tally["weights.applied"] == 2 and tally["weights.sent_to_relay"] == 6
+    assert tally["weights.sent_to_relay.delta"] == 2
     assert tally["weights.refused"] == 0
 
 
