@@ -13,10 +13,14 @@ dropped, counted), sleeps `--train-s`, then publishes a new version (the initial
 small noise: real bytes through the real server, deltas on).
 
 Printed per mode: steps/s, trainer wait per step, generator idle per applied update (main-
-thread seconds in fetch+apply), generation tokens/s, mean staleness of trained groups (oldest
-token), groups dropped stale; the last line is the steps/s ratio inflight/between.
+thread seconds in fetch+apply; in flight the KV recompute after a swap is generation time,
+not idle), generation tokens/s, mean staleness of trained groups by their oldest token (what
+the staleness gate counts) and by token (how many versions behind the average trained token
+was), the share of trained groups whose tokens span several versions, groups dropped stale;
+the last line is the steps/s ratio inflight/between (pooled over `--repeats` rounds, the
+modes alternating within each round).
 
-Run: python -m bench.inflight [--model tiny|10x] [--max-tokens 256] [--steps 6]
+Run: python -m bench.inflight [--model tiny|10x] [--max-tokens 256] [--steps 6] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -48,7 +52,19 @@ class Tally:
     tokens: int = 0
     gen_s: float = 0.0
     staleness: list[int] = field(default_factory=list)
+    token_age: int = 0  # sum over trained tokens of (step - version that sampled it)
+    token_count: int = 0
+    mixed: int = 0  # trained groups whose tokens span several versions
     dropped: int = 0
+
+    def add(self, other: Tally) -> None:
+        """Pool `other` (another round of the same mode) into this one."""
+        for name in ("steps", "seconds", "tokens", "gen_s", "token_age", "token_count",
+                     "mixed", "dropped"):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.trainer_wait_s += other.trainer_wait_s
+        self.idle_s += other.idle_s
+        self.staleness += other.staleness
 
     def row(self) -> dict[str, float]:
         return {
@@ -58,6 +74,8 @@ class Tally:
             "updates": len(self.idle_s),
             "gen_tokens_per_s": self.tokens / max(self.gen_s, 1e-9),
             "staleness_mean": statistics.fmean(self.staleness or [0.0]),
+            "token_staleness_mean": self.token_age / max(self.token_count, 1),
+            "mixed_version_groups": self.mixed / max(len(self.staleness), 1),
             "dropped_stale": self.dropped,
         }
 
@@ -73,18 +91,36 @@ def versions(engine: Any, count: int) -> list[list[tuple[str, Any]]]:
     ]
 
 
-def trainer(server: Any, sets: list[Any], arrived: queue.Queue[int], args: Any, tally: Tally,
-            done: threading.Event) -> None:  # fmt: skip
+Arrived = dict[int, int]
+"""One group as the trainer sees it: version -> how many of its tokens that version sampled."""
+
+
+def token_versions(runs: list[tuple[int, int]], length: int, version: int) -> Arrived:
+    """version -> token count of one completion from its (first index, version) runs; a
+    completion without runs (no tokens) counts as `version`, the engine's when it started."""
+    if not runs:
+        return {version: 0}
+    counts: Arrived = {}
+    for (start, v), (end, _) in zip(runs, [*runs[1:], (length, 0)], strict=True):
+        counts[v] = counts.get(v, 0) + end - start
+    return counts
+
+
+def trainer(server: Any, sets: list[Any], arrived: queue.Queue[Arrived], args: Any,
+            tally: Tally, done: threading.Event) -> None:  # fmt: skip
     """Wait for fresh groups, 'train' (sleep), publish; `tally` gets the waits and ages."""
     start = time.perf_counter()
     for step in range(args.steps):
         t0, got = time.perf_counter(), 0
         while got < args.groups:
-            oldest = arrived.get()
-            if step - oldest > args.max_staleness:
+            group = arrived.get()
+            if step - min(group) > args.max_staleness:
                 tally.dropped += 1
                 continue
-            tally.staleness.append(step - oldest)
+            tally.staleness.append(step - min(group))
+            tally.token_age += sum((step - v) * n for v, n in group.items())
+            tally.token_count += sum(group.values())
+            tally.mixed += len(group) > 1
             got += 1
         tally.trainer_wait_s.append(time.perf_counter() - t0)
         time.sleep(args.train_s)
@@ -109,7 +145,7 @@ def run_mode(mode: str, engine: Any, sets: list[Any], args: Any) -> Tally:
     server.publish(0, sets[0])
     engine.update_from_server(address, 0)
     watcher = WeightsWatcher(ctx, server.addresses["announce"], transport, security)
-    tally, arrived, done = Tally(), queue.Queue[int](), threading.Event()
+    tally, arrived, done = Tally(), queue.Queue[Arrived](), threading.Event()
 
     def take() -> None:
         t0 = time.perf_counter()
@@ -132,14 +168,17 @@ def run_mode(mode: str, engine: Any, sets: list[Any], args: Any) -> Tally:
             tally.idle_s.append(time.perf_counter() - t0)
         elif mode != "between":
             take()
-        t0 = time.perf_counter()
+        t0, version = time.perf_counter(), engine.version
         groups = engine.generate(PROMPTS, args.group_size, args.max_tokens, 1.0, seed=batch)
         tally.gen_s += time.perf_counter() - t0
         batch += 1
         for g in groups:
-            tally.tokens += sum(len(c.token_ids) for c in g.completions)
-            oldest = min(v for c in g.completions for _, v in c.version_runs or [(0, 0)])
-            arrived.put(oldest)
+            group: Arrived = {}
+            for c in g.completions:
+                tally.tokens += len(c.token_ids)
+                for v, n in token_versions(c.version_runs, len(c.token_ids), version).items():
+                    group[v] = group.get(v, 0) + n
+            arrived.put(group)
     thread.join()
     if engine.wait_fetched(60.0):  # a version still on its way belongs to this mode
         engine.take_fetched()
@@ -175,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all modes, pooled")
     args = parser.parse_args(argv)
     import torch
 
@@ -185,11 +225,19 @@ def main(argv: list[str] | None = None) -> int:
         sets = versions(engine, 2)
         params = sum(p.numel() for p in engine.model.parameters())
         print(f"model {args.model}: {params} parameters, max_tokens {args.max_tokens}", flush=True)
-        for mode in args.modes.split(","):
-            row = run_mode(mode, engine, sets, args).row()
-            results["modes"][mode] = row
-            print(f"{mode:14} " + "  ".join(f"{k} {v:.4g}" for k, v in row.items()), flush=True)
+        pooled = {mode: Tally() for mode in args.modes.split(",")}
+        for round_ in range(args.repeats):
+            for mode, tally in pooled.items():
+                once = run_mode(mode, engine, sets, args)
+                tally.add(once)
+                row = once.row()
+                results.setdefault("rounds", []).append({"round": round_, "mode": mode, **row})
+                print(f"{round_} {mode:14} " + "  ".join(f"{k} {v:.4g}" for k, v in row.items()),
+                      flush=True)  # fmt: skip
         engine.close()
+        for mode, tally in pooled.items():
+            row = results["modes"][mode] = tally.row()
+            print(f"all {mode:12} " + "  ".join(f"{k} {v:.4g}" for k, v in row.items()))
     modes = results["modes"]
     if "between" in modes and "inflight" in modes:
         ratio = modes["inflight"]["steps_per_s"] / modes["between"]["steps_per_s"]

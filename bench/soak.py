@@ -1,13 +1,25 @@
 """Soak test: the default pipeline for a while, with a generator SIGKILLed now and then.
 
 `python -m bench.soak --minutes 20 --kill-every 60` starts `grpo-stream up` (restarts on),
-kills generator-0 every `--kill-every` seconds (the launcher restarts it), samples every
+kills a generator every `--kill-every` seconds (generator-0, then the next of `--generators`
+in turn; the launcher restarts it), samples every
 service's RSS (psutil, by the pids `grpo-stream status --json` reports) after warm-up and at
-the end, stops the run with SIGTERM, and prints the hub's accounting counters.
+the end, stops the run with SIGTERM, and prints the hub's accounting counters and the weight
+events of every service's log (versions applied, fetchers redirected to a relay, relays given
+up, versions refused).
+
+The weight features: sparse deltas are on unless `--no-deltas`, with
+`weights.delta_max_ratio = 1` so that they are used although the tiny model's fp32 deltas do
+not pay (the server would otherwise send it in full); `--relay` turns relays on
+with `weights.fanout = 1`, so with `--generators 2` the trainer streams each version to one
+generator and redirects the other to it (killing that relay mid-stream is then part of the
+soak); `--inflight` turns on `generator.inflight_updates`; `--max-tokens` sets longer
+completions, which leave the in-flight swaps room to fall inside a batch.
 
 Exit status 1 (with one line per failure) when a service's RSS grew more than `--rss-growth`
 (default 10%), a group reached the trainer twice (batch.sent ids repeated), or the ledger does
-not balance: dispatched != trained + filtered + stale + failed + in_progress.
+not balance: dispatched != trained + filtered + stale + failed + discarded + in_progress, or
+relays were on and no fetcher was ever redirected to one (the soak then did not test them).
 Nothing runs at import time; processes are tracked by pid.
 """
 
@@ -24,7 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINAL = ("trained", "filtered", "stale", "failed")
+TERMINAL = ("trained", "filtered", "stale", "failed", "discarded")
+WEIGHT_EVENTS = ("weights.applied", "weights.sent_to_relay", "weights.relay_failed",
+                 "weights.refused", "weights.fetch_failed")  # fmt: skip
 FAST = ["--set", "transport.heartbeat_interval_s=0.5", "--set", "transport.heartbeat_timeout_s=3.0",
         "--set", "hub.checkpoint_every_s=1.0"]  # fmt: skip
 
@@ -41,7 +55,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", type=Path, default=None, help="Default: a temporary dir.")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Extra config override for `up` (repeatable).")  # fmt: skip
+    parser.add_argument("--generators", type=int, default=1,
+                        help="generator.count; the kills go round them in turn.")  # fmt: skip
+    parser.add_argument("--no-deltas", dest="deltas", action="store_false",
+                        help="weights.deltas = false (full sets only).")  # fmt: skip
+    parser.add_argument("--relay", action="store_true",
+                        help="weights.relay = true with weights.fanout = 1.")  # fmt: skip
+    parser.add_argument("--inflight", action="store_true",
+                        help="generator.inflight_updates = true.")  # fmt: skip
+    parser.add_argument("--max-tokens", type=int, default=None, help="generator.max_tokens.")
+    parser.add_argument("--out", type=Path, default=None, help="Also write the summary here.")
     return parser
+
+
+def feature_overrides(args: argparse.Namespace) -> list[str]:
+    """The `--set` overrides the weight-feature flags stand for (before `--set`'s own)."""
+    sets = [f"generator.count={args.generators}", f"weights.deltas={str(args.deltas).lower()}"]
+    if args.deltas:  # the tiny model's fp32 step deltas (66-75% of the set) would go in full
+        sets.append("weights.delta_max_ratio=1.0")
+    if args.relay:
+        sets += ["weights.relay=true", "weights.fanout=1"]
+    if args.inflight:
+        sets.append("generator.inflight_updates=true")
+    if args.max_tokens is not None:
+        sets.append(f"generator.max_tokens={args.max_tokens}")
+    return sets
+
+
+def kill_target(kills: int, generators: int) -> str:
+    """The generator the next SIGKILL goes to: round the generators in turn."""
+    return f"generator-{kills % max(generators, 1)}"
 
 
 def _cli(*args: str) -> list[str]:
@@ -85,15 +128,35 @@ def sent_groups(run_dir: Path) -> list[int]:
     return groups
 
 
+def weight_events(run_dir: Path) -> dict[str, int]:
+    """How often each of WEIGHT_EVENTS was logged, over every service's log, and how many
+    fetchers were sent to a relay for a delta (a base >= 0). Rate-limited events log a
+    `count` (occurrences since the last line), which is what is summed."""
+    tally = dict.fromkeys((*WEIGHT_EVENTS, "weights.sent_to_relay.delta"), 0)
+    for path in (run_dir / "logs").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("event") in tally:
+                tally[row["event"]] += int(row.get("count", 1))
+            if row.get("event") == "weights.sent_to_relay" and int(row["base"]) >= 0:
+                tally["weights.sent_to_relay.delta"] += int(row.get("count", 1))
+    return tally
+
+
 def check(
     before: dict[str, int],
     after: dict[str, int],
     counters: dict[str, int],
     groups: list[int],
     growth: float,
+    weights: dict[str, int] | None = None,
+    relay: bool = False,
 ) -> list[str]:
-    """Failures: RSS growth over `growth`, a group sent twice, an unbalanced ledger."""
+    """Failures: RSS growth over `growth`, a group sent twice, an unbalanced ledger, relays on
+    but never used."""
     failures = []
+    if relay and (weights or {}).get("weights.sent_to_relay", 0) == 0:
+        failures.append("relay: no fetcher was redirected to a relay")
     for name in sorted(before.keys() & after.keys()):
         if after[name] > before[name] * (1 + growth):
             failures.append(f"rss: {name} grew {before[name]} -> {after[name]} bytes")
@@ -118,9 +181,9 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     """Run, kill, sample; returns the summary (failures under "failures")."""
     seconds = args.minutes * 60
     restarts = int(seconds / max(args.kill_every, 1)) + 5
+    sets = [f"run.restarts={restarts}", *feature_overrides(args), *args.overrides]
     cmd = _cli("up", "--run-dir", str(run_dir), "--max-steps", "1000000", *FAST,
-               "--set", f"run.restarts={restarts}",
-               *[x for o in args.overrides for x in ("--set", o)])  # fmt: skip
+               *[x for o in sets for x in ("--set", o)])  # fmt: skip
     log = (run_dir.parent / f"{run_dir.name}.up.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     kills = 0
@@ -130,7 +193,7 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         next_kill = t0 + args.kill_every
         while time.monotonic() - t0 < seconds and proc.poll() is None:
             if time.monotonic() >= next_kill:
-                pid = service_pids(run_dir).get("generator-0")
+                pid = service_pids(run_dir).get(kill_target(kills, args.generators))
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                     kills += 1
@@ -145,11 +208,12 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
             proc.wait()
         log.close()
     counters = json.loads((run_dir / "hub" / "counters.json").read_text())
-    groups = sent_groups(run_dir)
-    failures = check(before, after, counters, groups, args.rss_growth)
+    groups, weights = sent_groups(run_dir), weight_events(run_dir)
+    failures = check(before, after, counters, groups, args.rss_growth, weights, args.relay)
     return {"run_dir": str(run_dir), "seconds": round(time.monotonic() - t0, 1), "kills": kills,
             "steps": steps_done(run_dir), "up_exit": exit_code, "rss_before": before,
             "rss_after": after, "counters": counters, "groups_sent": len(groups),
+            "overrides": feature_overrides(args) + args.overrides, "weights": weights,
             "failures": failures}  # fmt: skip
 
 
@@ -159,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = args.run_dir or Path(tmp) / "run"
         summary = soak(args, run_dir)
     print(json.dumps(summary, indent=2))
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
     for failure in summary["failures"]:
         print(f"soak: FAIL {failure}", file=sys.stderr)
     raise SystemExit(1 if summary["failures"] else 0)

@@ -86,17 +86,18 @@ def run_receiver(args: argparse.Namespace) -> None:
             version = watcher.poll(200)
             if version is None or version == applied:
                 continue
-            t_seen = time.time()
+            t_seen, cpu_seen = time.time(), time.process_time()
             got = replica.fetch(
                 ctx, args.weights, transport, security, version, weights=weights, relay=relay
             )
-            t_fetched = time.time()
+            t_fetched, cpu_fetched = time.time(), time.process_time()
             value = target.apply(replica.named(), got)
-            t_applied = time.time()
+            t_applied, cpu_applied = time.time(), time.process_time()
             applied, idle_since = got, time.monotonic()
             report.send_json(
                 {"index": args.index, "version": got, "probe": value, "t_seen": t_seen,
-                 "t_fetched": t_fetched, "t_applied": t_applied}
+                 "t_fetched": t_fetched, "t_applied": t_applied,
+                 "cpu_fetch_s": cpu_fetched - cpu_seen, "cpu_apply_s": cpu_applied - cpu_fetched}
             )  # fmt: skip
         while relay is not None:  # keep relaying to late children until the benchmark ends us
             time.sleep(0.5)

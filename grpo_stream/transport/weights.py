@@ -295,6 +295,11 @@ class WeightServer:
             parent = tree.place(msg.relay)
             if parent is not None:
                 self.redirects += 1
+                if (count := self._warn.allow("weights.sent_to_relay")) is not None:
+                    log.info(
+                        "weights.sent_to_relay", version=current.version, base=base,
+                        relay=parent, count=count,
+                    )  # fmt: skip
                 server.send(
                     peer, WeightsRedirect(version=current.version, base=base, address=parent)
                 )

@@ -43,15 +43,15 @@ def _alias_key(tensor: torch.Tensor) -> tuple[Any, ...]:
 
 
 def _wire_dtype(tensor: torch.Tensor) -> np.dtype[Any]:
+    """The numpy dtype `tensor` travels as: the one protocols.arrays.from_torch gives it."""
     import torch
 
-    from grpo_stream.protocols.arrays import wire_dtypes
+    from grpo_stream.protocols.arrays import from_torch
+    from grpo_stream.protocols.errors import ProtocolError
 
-    if tensor.dtype == torch.bfloat16:
-        return wire_dtypes()["bfloat16"]
     try:
-        return np.dtype(torch.empty(0, dtype=tensor.dtype).numpy().dtype)
-    except TypeError as exc:
+        return from_torch(torch.empty(0, dtype=tensor.dtype)).dtype
+    except ProtocolError as exc:
         raise WeightsError(f"cannot send tensors of dtype {tensor.dtype}") from exc
 
 

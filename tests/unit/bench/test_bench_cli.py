@@ -145,6 +145,24 @@ def test_weights_defaults_to_bf16_fanout_1_4_16(bench: Callable[[str], ModuleTyp
     assert (args.fanout_receivers, args.fanout, args.delta_lrs) == ("1,4,16", 4, "1e-6,1e-5")
 
 
+def test_weights_cpu_rates_are_gib_per_cpu_second_median_over_rounds(
+    bench: Callable[[str], ModuleType],
+) -> None:
+    gib = 1 << 30
+
+    def rnd(fetch: float, snapshot: float, send: float, sent_sets: int) -> dict[str, object]:
+        return {"trainer_snapshot_cpu_s": snapshot, "trainer_send_cpu_s": send,
+                "trainer_sent_bytes": sent_sets * 2 * gib,
+                "receivers": [{"cpu_fetch_s": fetch, "cpu_apply_s": 0.5}]}  # fmt: skip
+
+    result = {"bytes": 2 * gib, "rounds": [rnd(1.5, 1.0, 0.5, 4), rnd(3.5, 4.0, 2.0, 4)]}
+    rates = bench("weights").cpu_rates(result)
+    assert rates["receiver"] == pytest.approx(2 / 3.0)  # median of 2.0 and 4.0 CPU s
+    assert rates["receiver_fetch"] == pytest.approx(2 / 2.5)
+    assert rates["trainer_snapshot"] == pytest.approx(2 / 2.5)
+    assert rates["trainer_send"] == pytest.approx((16 + 4) / 2)  # 4 sets sent per round
+
+
 def test_weights_rejects_an_unknown_kind(bench: Callable[[str], ModuleType]) -> None:
     with pytest.raises(SystemExit):
         bench("weights").build_parser().parse_args(["--kind", "7b"])

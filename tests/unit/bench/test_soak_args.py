@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -50,3 +51,56 @@ def test_group_sent_twice_fails(soak: ModuleType) -> None:
 def test_unbalanced_ledger_fails(soak: ModuleType) -> None:
     counters = dict(BALANCED, dispatched=11)
     assert soak.check({}, {}, counters, [1], 0.10)[0].startswith("ledger:")
+
+
+def test_weight_feature_flags_become_overrides(soak: ModuleType) -> None:
+    args = soak.build_parser().parse_args(
+        ["--generators", "2", "--relay", "--inflight", "--max-tokens", "48"]
+    )
+    assert soak.feature_overrides(args) == [
+        "generator.count=2", "weights.deltas=true", "weights.delta_max_ratio=1.0",
+        "weights.relay=true", "weights.fanout=1",
+        "generator.inflight_updates=true", "generator.max_tokens=48",
+    ]  # fmt: skip
+
+
+def test_no_deltas_turns_them_off_and_the_default_adds_nothing_else(soak: ModuleType) -> None:
+    args = soak.build_parser().parse_args(["--no-deltas"])
+    assert soak.feature_overrides(args) == ["generator.count=1", "weights.deltas=false"]
+
+
+def test_kills_go_round_the_generators(soak: ModuleType) -> None:
+    assert [soak.kill_target(k, 2) for k in range(3)] == [
+        "generator-0", "generator-1", "generator-0",
+    ]  # fmt: skip
+    assert soak.kill_target(5, 1) == "generator-0"
+
+
+def test_relays_on_but_never_used_fails(soak: ModuleType) -> None:
+    unused = {"weights.sent_to_relay": 0}
+    failures = soak.check({}, {}, BALANCED, [1], 0.10, unused, relay=True)
+    assert failures == ["relay: no fetcher was redirected to a relay"]
+    used = {"weights.sent_to_relay": 3}
+    assert soak.check({}, {}, BALANCED, [1], 0.10, used, relay=True) == []
+
+
+def test_weight_events_sum_rate_limited_counts(soak: ModuleType, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rows = [
+        {"event": "weights.applied", "version": 1},
+        {"event": "weights.applied"},
+        {"event": "weights.sent_to_relay", "count": 4, "base": -1},
+        {"event": "weights.sent_to_relay", "count": 2, "base": 6},
+        {"event": "batch.sent"},
+    ]
+    (logs / "trainer-0.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    tally = soak.weight_events(tmp_path)
+    assert tally["weights.applied"] == 2 and tally["weights.sent_to_relay"] == 6
+    assert tally["weights.sent_to_relay.delta"] == 2
+    assert tally["weights.refused"] == 0
+
+
+def test_discarded_groups_are_accounted(soak: ModuleType) -> None:
+    counters = dict(BALANCED, dispatched=12, discarded=2)  # trained, then rolled back
+    assert soak.check({}, {}, counters, [1], 0.10) == []

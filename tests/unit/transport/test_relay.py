@@ -69,6 +69,22 @@ def test_fetchers_beyond_the_fanout_are_served_by_a_relay(ctx: Context) -> None:
 
 
 @pytest.mark.slow
+def test_a_fetcher_sent_to_a_relay_is_logged(ctx: Context) -> None:
+    server = _server(ctx, fanout=1)
+    relays = [Relay(ctx, LOCAL, SETTINGS, SecuritySettings()) for _ in range(2)]
+    try:
+        server.publish(1, _set(1))
+        with capture_logs() as logs:
+            for relay in relays:
+                assert _fetch(ctx, server.addresses["weights"], relay, Replica()) == 1
+        said = [e for e in logs if e["event"] == "weights.sent_to_relay"]
+        assert [(e["version"], e["relay"]) for e in said] == [(1, relays[0].address)]
+    finally:
+        for relay in relays:
+            relay.close()
+        server.close()
+
+
 def test_killed_relay_mid_stream_every_fetcher_ends_on_the_right_version(ctx: Context) -> None:
     server = _server(ctx, fanout=1)
     named = _set(3, n=32)  # 32 chunks, each handed on 0.1 s late by the relay

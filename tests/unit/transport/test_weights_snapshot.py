@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from grpo_stream.transport.delta import checksum
+from grpo_stream.transport.errors import WeightsError
 from grpo_stream.transport.weights_snapshot import SnapshotBuffers, copy_snapshot
 
 
@@ -56,3 +58,9 @@ def test_a_buffer_a_frame_still_holds_is_not_overwritten() -> None:
         copy_snapshot(_named(value), pool)
     assert pool.allocated == 2
     assert np.asarray(frame)[1, 0] == 1.0
+
+
+def test_a_dtype_that_cannot_travel_is_refused_as_a_weights_error() -> None:
+    fp8 = torch.zeros(4, dtype=torch.float8_e4m3fn)  # from_torch has no wire dtype for it
+    with pytest.raises(WeightsError, match="float8_e4m3fn"):
+        copy_snapshot([("w", fp8)], SnapshotBuffers())
