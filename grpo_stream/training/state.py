@@ -102,7 +102,7 @@ class TrainState:
         model, tokenizer, ref, lora = load_models(cfg, device, mode, ckpt, sharded)
         t = cfg.trainer
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
-        optimizer = make_optimizer(trainable, t.lr, t.weight_decay, mode)
+        optimizer = make_optimizer(trainable, t.lr, t.weight_decay, mode, sharded)
         warm = t.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
