@@ -8,8 +8,10 @@ reference model), per-sequence-mean loss aggregation (`loss_type="grpo"`, ours
 `algo.loss.aggregation="grpo"`), clip range 0.2 / 0.28, group-std advantages, the whole
 machine (ours `run.torch_threads="auto"`: trainer and generator split the cores, each pinned
 to its own; TRL: torch threads = every core), number of steps and prompts per step; fp32 on
-the CPU. `--task countdown --max-tokens 128` is the long-completion workload (completion
-lengths vary; both sides score with the task's own rewards).
+the CPU. `--task countdown --max-tokens 128 --context 512` is the long-completion workload
+(completion lengths vary; both sides score with the task's own rewards; the countdown
+prompts, ~295 tokens with the tiny tokenizer, need the model's context raised: `--context`,
+see bench/vs_trl_model.py `with_context`).
 
 (a) ours: `grpo-stream up` as a child process, every group trained (no zero-signal filtering,
     as TRL), hub.max_staleness 1 (the default: asynchronous).
@@ -62,7 +64,7 @@ from bench.common import (
     up_command,
 )
 from bench.vs_trl_model import build_10x as build_10x  # re-exported: other benches
-from bench.vs_trl_model import count_parameters, model_10x
+from bench.vs_trl_model import count_parameters, model_10x, with_context
 
 DEFAULT_LR = 2e-4  # trainer.lr's default
 DEFAULT_MICRO_BATCH = 64  # trainer.micro_batch's default
@@ -83,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="10x: build the model into DIR once and reuse it on later runs (same seed, steps)",
     )  # fmt: skip
     parser.add_argument("--task", choices=["arith", "countdown"], default="arith")
+    parser.add_argument(
+        "--context", type=int, default=0,
+        help="raise the model's context to this many positions (countdown's prompts need 512)",
+    )  # fmt: skip
     parser.add_argument(
         "--threads", type=threads_arg, default="auto", help="ours: run.torch_threads (auto, or N)"
     )
@@ -357,6 +363,9 @@ def main(argv: list[str] | None = None) -> None:
             model_info = model_10x(args, Path(tmp))
             model_path = model_info["path"]
             print(f"10x model: {json.dumps(model_info)}", flush=True)
+        if args.context:
+            model_path = with_context(model_path, Path(tmp) / "model-long", args.context)
+            model_info["context"] = args.context
         model_info.setdefault("parameters", count_parameters(model_path))
         result: dict[str, Any] = {"args": vars(args), "model": model_info, "env": environment()}
         result["threads"] = {"ours": args.threads, "trl": trl_threads(args)}

@@ -80,3 +80,23 @@ def count_parameters(model: str) -> int:
     auto: Any = AutoModelForCausalLM
     config = AutoConfig.from_pretrained(resolve_model(model))
     return int(sum(p.numel() for p in auto.from_config(config).parameters()))
+
+
+def with_context(model: str, out: Path, context: int) -> str:
+    """A copy of `model` whose config allows `context` positions (its rotary embeddings take
+    any position; past the trained context the model is untrained there, so rewards of a
+    long workload stay near 0: the point is speed). Returns its path."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpo_stream.models.loading import load_tokenizer, resolve_model
+
+    source = resolve_model(model)
+    config = AutoConfig.from_pretrained(source)
+    if config.max_position_embeddings >= context:
+        return model
+    auto: Any = AutoModelForCausalLM
+    lm = auto.from_pretrained(source)
+    lm.config.max_position_embeddings = context
+    lm.save_pretrained(out, safe_serialization=True)
+    load_tokenizer(model).save_pretrained(out)
+    return str(out)
