@@ -353,6 +353,11 @@ def result_name(args: argparse.Namespace) -> str:
     return f"vs_trl_{args.size}{workload}"
 
 
+def recorded_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options as the results JSON holds them (paths as text: --keep-10x)."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     check_args(args)
@@ -367,7 +372,9 @@ def main(argv: list[str] | None = None) -> None:
             model_path = with_context(model_path, Path(tmp) / "model-long", args.context)
             model_info["context"] = args.context
         model_info.setdefault("parameters", count_parameters(model_path))
-        result: dict[str, Any] = {"args": vars(args), "model": model_info, "env": environment()}
+        result: dict[str, Any] = {
+            "args": recorded_args(args), "model": model_info, "env": environment()
+        }  # fmt: skip
         result["threads"] = {"ours": args.threads, "trl": trl_threads(args)}
         print(f"threads: ours run.torch_threads={args.threads}, TRL {trl_threads(args)}")
         runs = run_sides(args, model_path, Path(tmp), result)

@@ -249,3 +249,9 @@ def test_vs_trl_context_copy_raises_the_model_context(
 def test_vs_trl_step_parses_its_options(bench: Callable[[str], ModuleType]) -> None:
     args = bench("vs_trl_step").build_parser().parse_args(["--steps", "3", "--profile"])
     assert args.steps == 3 and args.profile and args.group_size == 8
+
+
+def test_vs_trl_records_keep_10x_as_json(bench: Callable[[str], ModuleType]) -> None:
+    mod = bench("vs_trl")
+    args = mod.build_parser().parse_args(["--size", "10x", "--keep-10x", "/some/dir"])
+    assert json.loads(json.dumps(mod.recorded_args(args)))["keep_10x"] == "/some/dir"
