@@ -8,8 +8,10 @@ reference model), per-sequence-mean loss aggregation (`loss_type="grpo"`, ours
 `algo.loss.aggregation="grpo"`), clip range 0.2 / 0.28, group-std advantages, the whole
 machine (ours `run.torch_threads="auto"`: trainer and generator split the cores, each pinned
 to its own; TRL: torch threads = every core), number of steps and prompts per step; fp32 on
-the CPU. `--task countdown --max-tokens 128` is the long-completion workload (completion
-lengths vary; both sides score with the task's own rewards).
+the CPU. `--task countdown --max-tokens 128 --context 512` is the long-completion workload
+(completion lengths vary; both sides score with the task's own rewards; the countdown
+prompts, ~295 tokens with the tiny tokenizer, need the model's context raised: `--context`,
+see bench/vs_trl_model.py `with_context`).
 
 (a) ours: `grpo-stream up` as a child process, every group trained (no zero-signal filtering,
     as TRL), hub.max_staleness 1 (the default: asynchronous).
@@ -61,10 +63,11 @@ from bench.common import (
     save_json,
     up_command,
 )
+from bench.vs_trl_model import build_10x as build_10x  # re-exported: other benches
+from bench.vs_trl_model import count_parameters, model_10x, with_context
 
 DEFAULT_LR = 2e-4  # trainer.lr's default
 DEFAULT_MICRO_BATCH = 64  # trainer.micro_batch's default
-BUILD_THREADS = 2  # torch threads while building the 10x model (as build_tiny)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="10x: build the model into DIR once and reuse it on later runs (same seed, steps)",
     )  # fmt: skip
     parser.add_argument("--task", choices=["arith", "countdown"], default="arith")
+    parser.add_argument(
+        "--context", type=int, default=0,
+        help="raise the model's context to this many positions (countdown's prompts need 512)",
+    )  # fmt: skip
     parser.add_argument(
         "--threads", type=threads_arg, default="auto", help="ours: run.torch_threads (auto, or N)"
     )
@@ -129,73 +136,6 @@ def trl_threads(args: argparse.Namespace) -> int:
     """TRL's torch threads: --trl-threads, else every core this process may use (torch's
     own default on a machine to itself)."""
     return args.trl_threads or len(os.sched_getaffinity(0))
-
-
-# ---- the 10x model ------------------------------------------------------------------------
-
-
-def build_10x(tiny: str, out: Path, seed: int, sft_steps: int) -> dict[str, Any]:
-    """A ~10x wider/deeper Qwen2 with the tiny model's tokenizer, saved to `out` (bf16)."""
-    import torch
-    from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from grpo_stream.models.build_tiny import arith_pairs, expected_accuracy, warm_start
-    from grpo_stream.models.loading import load_tokenizer, resolve_model
-
-    start = time.perf_counter()
-    base = AutoConfig.from_pretrained(resolve_model(tiny)).to_dict()
-    head_dim = base["hidden_size"] // base["num_attention_heads"]
-    wide = dict(base)
-    wide.pop("layer_types", None)  # derived from num_hidden_layers again
-    wide.update(
-        hidden_size=2 * base["hidden_size"],
-        intermediate_size=2 * base["intermediate_size"],
-        num_hidden_layers=math.ceil(2.5 * base["num_hidden_layers"]),
-        num_attention_heads=2 * base["num_attention_heads"],
-        num_key_value_heads=2 * base["num_key_value_heads"],
-        head_dim=head_dim,
-    )
-    tokenizer = load_tokenizer(tiny)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(BUILD_THREADS)  # the build is deterministic for a thread count
-    torch.manual_seed(seed)
-    model: Any = Qwen2ForCausalLM(Qwen2Config(**wide))
-    if sft_steps > 0:
-        steps, acc = warm_start(model, tokenizer, seed, 0.30, sft_steps, eval_every=50)
-    else:
-        steps, acc = 0, expected_accuracy(model, tokenizer, arith_pairs())
-    torch.set_num_threads(threads)
-    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    params = sum(p.numel() for p in model.parameters())
-    return {"path": str(out), "parameters": params, "sft_steps": steps,
-            "expected_accuracy": round(acc, 4),
-            "build_s": round(time.perf_counter() - start, 1)}  # fmt: skip
-
-
-def model_10x(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """The 10x model: built in `tmp`, or once into --keep-10x (its build.json says how)."""
-    if args.keep_10x is None:
-        return build_10x(args.model, tmp / "model-10x", args.seed, args.sft_steps)
-    record = args.keep_10x / "build.json"
-    wanted = {"seed": args.seed, "sft_cap": args.sft_steps, "base": args.model}
-    if record.exists():
-        info: dict[str, Any] = json.loads(record.read_text())
-        if info.get("wanted") == wanted:
-            return info
-    info = build_10x(args.model, args.keep_10x, args.seed, args.sft_steps)
-    record.write_text(json.dumps({**info, "wanted": wanted}))
-    return info
-
-
-def count_parameters(model: str) -> int:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from grpo_stream.models.loading import resolve_model
-
-    auto: Any = AutoModelForCausalLM
-    config = AutoConfig.from_pretrained(resolve_model(model))
-    return int(sum(p.numel() for p in auto.from_config(config).parameters()))
 
 
 # ---- TRL ----------------------------------------------------------------------------------
@@ -413,6 +353,11 @@ def result_name(args: argparse.Namespace) -> str:
     return f"vs_trl_{args.size}{workload}"
 
 
+def recorded_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options as the results JSON holds them (paths as text: --keep-10x)."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     check_args(args)
@@ -423,8 +368,13 @@ def main(argv: list[str] | None = None) -> None:
             model_info = model_10x(args, Path(tmp))
             model_path = model_info["path"]
             print(f"10x model: {json.dumps(model_info)}", flush=True)
+        if args.context:
+            model_path = with_context(model_path, Path(tmp) / "model-long", args.context)
+            model_info["context"] = args.context
         model_info.setdefault("parameters", count_parameters(model_path))
-        result: dict[str, Any] = {"args": vars(args), "model": model_info, "env": environment()}
+        result: dict[str, Any] = {
+            "args": recorded_args(args), "model": model_info, "env": environment()
+        }  # fmt: skip
         result["threads"] = {"ours": args.threads, "trl": trl_threads(args)}
         print(f"threads: ours run.torch_threads={args.threads}, TRL {trl_threads(args)}")
         runs = run_sides(args, model_path, Path(tmp), result)

@@ -254,6 +254,12 @@ class TrainerSettings(BaseModel):
     packing: bool = True
     """Pack several sequences into each row, padding-free (position ids restart per sequence,
     attention stays within each); false right-pads one sequence per row."""
+    share_prompts: bool = True
+    """Run each distinct prompt of a micro-batch once (a GRPO group's G completions attend to
+    its KV cache, with grad) and the LM head only where a completion token is predicted; the
+    same log-probs and gradients as the full-sequence forward (training/prompts.py). Used on
+    one rank (not under DDP / FSDP2) without gradient_checkpointing, sdpa or eager attention;
+    otherwise, or when no prompt repeats, packing applies."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them
     (transformers' activation checkpointing, non-reentrant): less memory, more compute."""

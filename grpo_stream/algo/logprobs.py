@@ -14,11 +14,17 @@ Invariants:
   transformers then confines attention to each sequence (a block-diagonal mask for sdpa and
   eager, varlen kernels for flash-attention), see grpo_stream.training.packing.
 - The forward never builds a KV cache (`use_cache=False`): a cache would also make
-  transformers ignore the packed position ids.
+  transformers ignore the packed position ids. The one exception is `shared_prompt_logprobs`:
+  sequences that share a prompt (a GRPO group) run it once, and its KV cache, with grad, is
+  what each completion attends to; every completion token's log-prob is the same function of
+  the weights as in the full-sequence forward (the prompt's gradient is the sum of what each
+  completion sends back through its copy), and the LM head runs only on the positions whose
+  next token is a completion token.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -43,20 +49,27 @@ def _chunk_logprobs(
         position_ids=position_ids,
         use_cache=False,
     )
+    # out.logits[:, t] predicts token t + 1
+    return _next_token_logprobs(out.logits[:, :-1], input_ids[:, 1:], temperature, with_entropy)
+
+
+def _next_token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(target) (b, n) of the tempered softmax of `logits` (b, n, V), and its entropy."""
     # float32 from the logits on, whatever autocast the caller runs the model under
-    with torch.autocast(out.logits.device.type, enabled=False):
-        logits = out.logits[:, :-1].float()  # (b, T-1, V): the prediction of the next token
+    with torch.autocast(logits.device.type, enabled=False):
+        logits = logits.float()
         if temperature != 1.0:
             logits = logits / temperature
-        targets = input_ids[:, 1:].unsqueeze(-1)  # (b, T-1, 1)
-        lse = torch.logsumexp(logits, dim=-1)  # (b, T-1)
-        logp = logits.gather(-1, targets).squeeze(-1) - lse  # (b, T-1)
+        lse = torch.logsumexp(logits, dim=-1)  # (b, n)
+        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # (b, n)
         entropy = None
         if with_entropy:
             with torch.no_grad():
                 # H = -sum p log p = lse - sum p * logits
                 probs = torch.exp(logits - lse.unsqueeze(-1))
-                entropy = lse - (probs * logits).sum(dim=-1)  # (b, T-1)
+                entropy = lse - (probs * logits).sum(dim=-1)  # (b, n)
     return logp, entropy
 
 
@@ -106,3 +119,102 @@ def token_logprobs(
     else:
         ent_all = torch.zeros(batch, length, device=logp_all.device)
     return logp_all, ent_all
+
+
+def shared_prompts_supported(model: Any) -> bool:
+    """Whether `model` (or the model under a peft wrapper) takes what
+    `shared_prompt_logprobs` passes: a `cache` (transformers 5) and `logits_to_keep`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    return "cache" in params and "logits_to_keep" in params
+
+
+def shared_prompt_logprobs(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_of: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_attn: torch.Tensor,
+    chunk: int,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies (S, C) float32 of completions that share prompts.
+
+    `prompt_ids`, `prompt_mask` (U, P): the distinct prompts, right-padded; `prompt_of` (S,)
+    non-decreasing: the prompt of each sequence; `completion_ids`, `completion_attn` (S, C):
+    the tokens after each sequence's prompt, right-padded. `[s, j]` is
+    log p(completion_ids[s, j] | prompt, completion_ids[s, :j]), 0 on padding. Each prompt
+    runs once; prompts go through the model a few at a time, at most `chunk` sequences (or
+    one prompt's) per forward.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    counts = torch.bincount(prompt_of, minlength=prompt_ids.shape[0]).tolist()
+    logps: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] = []
+    lo = seq = 0
+    while lo < len(counts):
+        hi, rows = lo + 1, counts[lo]
+        while hi < len(counts) and rows + counts[hi] <= chunk:
+            rows += counts[hi]
+            hi += 1
+        span = slice(seq, seq + rows)
+        logp, ent = _shared_chunk(
+            model,
+            prompt_ids[lo:hi],
+            prompt_mask[lo:hi],
+            prompt_of[span] - lo,
+            completion_ids[span],
+            completion_attn[span],
+            temperature,
+            with_entropy,
+        )
+        logps.append(logp)
+        entropies.append(ent if ent is not None else torch.zeros_like(logp))
+        lo, seq = hi, seq + rows
+    valid = completion_attn.bool()
+    logp_all = torch.where(valid, torch.cat(logps), 0.0)
+    ent_all = torch.where(valid, torch.cat(entropies), 0.0) if with_entropy else None
+    return logp_all, torch.zeros_like(logp_all) if ent_all is None else ent_all
+
+
+def _shared_chunk(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_of: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_attn: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    lengths = prompt_mask.sum(dim=1)  # (u,)
+    keep = torch.unique(lengths - 1)  # (K,) sorted: the positions of the prompts' last tokens
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=position_ids_from_mask(prompt_mask),
+        use_cache=True,
+        logits_to_keep=keep,
+    )
+    rows = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
+    last = out.logits[rows, torch.searchsorted(keep, lengths - 1)]  # (u, V): predicts c_0
+    logits = last[prompt_of].unsqueeze(1)  # (s, 1, V)
+    width = completion_ids.shape[1]
+    if width > 1:  # the completions attend to their prompt's cache (rows repeated, with grad)
+        cache = out.cache
+        for layer in cache.layers:
+            layer.reorder_cache(prompt_of)
+        rest = model(
+            input_ids=completion_ids,
+            attention_mask=torch.cat([prompt_mask[prompt_of], completion_attn], dim=1),
+            position_ids=lengths[prompt_of].unsqueeze(1)
+            + torch.arange(width, device=completion_ids.device),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=torch.arange(width - 1, device=completion_ids.device),
+        ).logits  # (s, C-1, V): predicts c_1 .. c_{C-1}
+        logits = torch.cat([logits, rest], dim=1)  # (s, C, V)
+    return _next_token_logprobs(logits, completion_ids, temperature, with_entropy)

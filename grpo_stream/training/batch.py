@@ -40,6 +40,29 @@ class Packing:
 
 
 @dataclass
+class SharedPrompts:
+    """A micro-batch's sequences split at their prompts for a shared-prompt forward
+    (grpo_stream.training.prompts): each distinct prompt once, each completion after it."""
+
+    prompt_ids: torch.Tensor  # (U, P) long, right-padded distinct prompts
+    prompt_mask: torch.Tensor  # (U, P) long
+    prompt_of: torch.Tensor  # (S,) long, non-decreasing: each sequence's prompt
+    completion_ids: torch.Tensor  # (S, C) long: the tokens after the prompt, right-padded
+    completion_attn: torch.Tensor  # (S, C) long
+    index: torch.Tensor  # (S, T) long: the completion column of token t, clamped to [0, C)
+
+    def to(self, device: torch.device | str) -> SharedPrompts:
+        return SharedPrompts(
+            self.prompt_ids.to(device),
+            self.prompt_mask.to(device),
+            self.prompt_of.to(device),
+            self.completion_ids.to(device),
+            self.completion_attn.to(device),
+            self.index.to(device),
+        )
+
+
+@dataclass
 class Tensors:
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) long
@@ -50,6 +73,7 @@ class Tensors:
     versions: torch.Tensor  # (B,) long
     packing: Packing | None = None  # the same sequences packed for the forward, if packed
     token_advantages: torch.Tensor | None = None  # (B, T) float32 per-turn advantages, if any
+    prompts: SharedPrompts | None = None  # the same sequences split for a shared-prompt forward
 
     @property
     def loss_advantages(self) -> torch.Tensor:
@@ -81,6 +105,7 @@ class Tensors:
             self.versions.to(device),
             None if self.packing is None else self.packing.to(device),
             None if self.token_advantages is None else self.token_advantages.to(device),
+            None if self.prompts is None else self.prompts.to(device),
         )
 
     def slice(self, lo: int, hi: int) -> Tensors:

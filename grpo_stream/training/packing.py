@@ -152,7 +152,12 @@ def sequence_logprobs(
     model: Any, part: Tensors, chunk: int, temperature: float, with_entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token log-probs and entropies (S, T) of a micro-batch's sequences, in its
-    per-sequence layout, whether it runs packed or padded; `chunk` rows per forward."""
+    per-sequence layout, whether it runs packed, padded or with shared prompts
+    (training/prompts.py); `chunk` rows per forward."""
+    if part.prompts is not None:
+        from grpo_stream.training.prompts import shared_logprobs
+
+        return shared_logprobs(model, part, chunk, temperature, with_entropy)
     p = part.packing
     if p is None:
         return token_logprobs(

@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 import torch
 
+from grpo_stream.algo.logprobs import shared_prompts_supported
 from grpo_stream.algo.loss import grpo_loss, loss_totals
 from grpo_stream.algo.regularizer import GradRegularizer
 from grpo_stream.algo.rollback import RollbackGuard
@@ -48,6 +49,7 @@ from grpo_stream.training.offpolicy import (
 )
 from grpo_stream.training.packing import micro_batches, sequence_logprobs
 from grpo_stream.training.precision import Precision
+from grpo_stream.training.prompts import shared_micro_batches
 from grpo_stream.training.setup import init_distributed, load_models, make_optimizer
 from grpo_stream.training.staging import HostStaging
 
@@ -100,7 +102,7 @@ class TrainState:
         model, tokenizer, ref, lora = load_models(cfg, device, mode, ckpt, sharded)
         t = cfg.trainer
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
-        optimizer = make_optimizer(trainable, t.lr, t.weight_decay, mode)
+        optimizer = make_optimizer(trainable, t.lr, t.weight_decay, mode, sharded)
         warm = t.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
@@ -337,12 +339,31 @@ class TrainState:
         return total, metrics
 
     def _micro_batches(self, t: Tensors) -> list[Tensors]:
-        """The step's token-budget micro-batches, packed or padded (training/packing.py)."""
+        """The step's token-budget micro-batches: with shared prompts (training/prompts.py)
+        where that applies and some prompt repeats, else packed or padded (packing.py)."""
         s = self.cfg.trainer
         impl = str(self.model.config._attn_implementation)
         pad = self._pad_id()
-        parts = micro_batches(t, s.micro_batch_tokens, s.micro_batch, s.packing, impl, pad)
+        parts = None
+        if self._shares_prompts(impl):
+            parts = shared_micro_batches(t, s.micro_batch_tokens, s.micro_batch, pad)
+        if parts is None:
+            parts = micro_batches(t, s.micro_batch_tokens, s.micro_batch, s.packing, impl, pad)
         return [part.to(self.device) for part in parts]
+
+    def _shares_prompts(self, attn_implementation: str) -> bool:
+        """trainer.share_prompts applies: one rank (DDP's reducer and FSDP2's collectives
+        expect one forward per backward; a shared-prompt micro-batch runs two), no activation
+        checkpointing (transformers drops the KV cache under it), sdpa or eager attention."""
+        s = self.cfg.trainer
+        return (
+            s.share_prompts
+            and self.ddp is None
+            and not self.fsdp
+            and not s.gradient_checkpointing
+            and attn_implementation in ("sdpa", "eager")
+            and shared_prompts_supported(self.model)
+        )
 
     def _passes(self, micro_batches: int) -> int:
         """Passes this rank runs. Under FSDP2 each is collective (all-gathers, and a gradient

@@ -260,3 +260,28 @@ def test_lora_searches_the_lrs_given_as_a_comma_list(bench: Callable[[str], Modu
 def test_lora_rejects_an_unknown_part(bench: Callable[[str], ModuleType]) -> None:
     with pytest.raises(SystemExit):
         bench("lora").parse_args(["--part", "both"])
+
+
+def test_vs_trl_context_copy_raises_the_model_context(
+    bench: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
+    from transformers import AutoConfig
+
+    mod = bench("vs_trl_model")
+    path = mod.with_context("grpo-stream/tiny-arith", tmp_path / "long", 512)
+    assert AutoConfig.from_pretrained(path).max_position_embeddings == 512
+    assert mod.with_context("grpo-stream/tiny-arith", tmp_path / "same", 32) == (
+        "grpo-stream/tiny-arith"
+    )  # already long enough: no copy
+    assert bench("vs_trl").build_parser().parse_args(["--context", "512"]).context == 512
+
+
+def test_vs_trl_step_parses_its_options(bench: Callable[[str], ModuleType]) -> None:
+    args = bench("vs_trl_step").build_parser().parse_args(["--steps", "3", "--profile"])
+    assert args.steps == 3 and args.profile and args.group_size == 8
+
+
+def test_vs_trl_records_keep_10x_as_json(bench: Callable[[str], ModuleType]) -> None:
+    mod = bench("vs_trl")
+    args = mod.build_parser().parse_args(["--size", "10x", "--keep-10x", "/some/dir"])
+    assert json.loads(json.dumps(mod.recorded_args(args)))["keep_10x"] == "/some/dir"

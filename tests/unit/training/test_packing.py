@@ -72,9 +72,13 @@ def _state(run_dir: Path, overrides: list[str]) -> Any:
     return TrainState.create(load_config(None, base + overrides))
 
 
-PADDED = ["trainer.packing=false", "trainer.micro_batch=1000"]
+PADDED = ["trainer.packing=false", "trainer.micro_batch=1000", "trainer.share_prompts=false"]
 """The reference: one padded micro-batch holding the whole batch."""
-PACKED = ["trainer.micro_batch_tokens=80", "algo.loss.logprob_chunk=1"]
+PACKED = [
+    "trainer.micro_batch_tokens=80",
+    "algo.loss.logprob_chunk=1",
+    "trainer.share_prompts=false",
+]
 """Packed rows, several micro-batches of at most 80 token slots, log-probs one row at a time."""
 
 
@@ -147,7 +151,8 @@ def test_packed_gradients_equal_padded_in_float32(tmp_path: Path, aggregation: s
     agg = [f'algo.loss.aggregation="{aggregation}"']
     batch = _batches()[0]
     packed = _state(tmp_path / "a", agg + PACKED)
-    assert len(packed._micro_batches(to_tensors(batch, 0))) > 3  # several micro-batches
+    parts = packed._micro_batches(to_tensors(batch, 0))
+    assert len(parts) > 3 and all(p.packing is not None for p in parts)  # packed, several
     diff = _rel_diff(_grads(packed, batch), _grads(_state(tmp_path / "b", agg + PADDED), batch))
     assert diff <= 1e-5
 

@@ -1,0 +1,127 @@
+"""Shared-prompt log-probs (each prompt once, completions on its KV cache) against the
+full-sequence `token_logprobs`: values, entropies and gradients, on tiny Qwen2 and GPT-2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from grpo_stream.algo.logprobs import (
+    shared_prompt_logprobs,
+    shared_prompts_supported,
+    token_logprobs,
+)
+
+PROMPTS = [[1, 10, 11], [1, 12, 13, 14, 15], [3]]
+COMPLETIONS = [[5, 6, 2], [7], [8, 9, 4, 6], [11, 12], [13, 3, 2], [14, 15, 1, 2, 3]]
+PROMPT_OF = [0, 0, 0, 1, 1, 2]
+
+
+def full_layout() -> dict[str, torch.Tensor]:
+    """The sequences one per row, right-padded, as the trainer's padded path runs them."""
+    seqs = [PROMPTS[u] + c for u, c in zip(PROMPT_OF, COMPLETIONS, strict=True)]
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    completion = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for s, seq in enumerate(seqs):
+        ids[s, : len(seq)] = torch.tensor(seq)
+        attention[s, : len(seq)] = 1
+        completion[s, len(PROMPTS[PROMPT_OF[s]]) : len(seq)] = True
+    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+
+
+def shared_layout() -> dict[str, torch.Tensor]:
+    width_p = max(map(len, PROMPTS))
+    width_c = max(map(len, COMPLETIONS))
+    prompt_ids = torch.zeros(len(PROMPTS), width_p, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompt_ids)
+    for u, p in enumerate(PROMPTS):
+        prompt_ids[u, : len(p)] = torch.tensor(p)
+        prompt_mask[u, : len(p)] = 1
+    completion_ids = torch.zeros(len(COMPLETIONS), width_c, dtype=torch.long)
+    completion_attn = torch.zeros_like(completion_ids)
+    for s, c in enumerate(COMPLETIONS):
+        completion_ids[s, : len(c)] = torch.tensor(c)
+        completion_attn[s, : len(c)] = 1
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "prompt_of": torch.tensor(PROMPT_OF),
+        "completion_ids": completion_ids,
+        "completion_attn": completion_attn,
+    }
+
+
+def to_full(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(S, C) completion values into the (S, T) full layout."""
+    out = torch.zeros_like(like)
+    for s, c in enumerate(COMPLETIONS):
+        start = len(PROMPTS[PROMPT_OF[s]])
+        out[s, start : start + len(c)] = values[s, : len(c)]
+    return out
+
+
+def grads(model: Any) -> dict[str, torch.Tensor]:
+    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prompt_logprobs_equal_the_full_forward(
+    tiny_model: Any, chunk: int, temperature: float
+) -> None:
+    full = full_layout()
+    ref, ref_ent = token_logprobs(tiny_model, **full, chunk=64, temperature=temperature)
+    logp, ent = shared_prompt_logprobs(
+        tiny_model, **shared_layout(), chunk=chunk, temperature=temperature
+    )
+    torch.testing.assert_close(to_full(logp, ref), ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(to_full(ent, ref_ent), ref_ent, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["tiny_model", "tiny_gpt2"])
+def test_shared_prompt_gradients_equal_the_full_forward(
+    model: str, request: pytest.FixtureRequest
+) -> None:
+    lm = request.getfixturevalue(model)
+    weights = torch.linspace(-1.0, 1.0, 6).unsqueeze(1)  # every sequence its own weight
+    ref, _ = token_logprobs(lm, **full_layout(), chunk=64, temperature=0.7)
+    (ref * weights).sum().backward()
+    expected = grads(lm)
+    logp, _ = shared_prompt_logprobs(lm, **shared_layout(), chunk=4, temperature=0.7)
+    (logp * weights).sum().backward()
+    got = grads(lm)
+    assert got.keys() == expected.keys()
+    scale = max(float(g.abs().max()) for g in expected.values())
+    assert scale > 0
+    for name, g in expected.items():
+        torch.testing.assert_close(got[name], g, rtol=0, atol=1e-6 * max(scale, 1.0))
+
+
+def test_padding_positions_hold_zero(tiny_model: Any) -> None:
+    data = shared_layout()
+    logp, ent = shared_prompt_logprobs(tiny_model, **data, chunk=64)
+    pads = data["completion_attn"] == 0
+    assert bool(pads.any())
+    assert bool((logp[pads] == 0).all()) and bool((ent[pads] == 0).all())
+
+
+def test_without_entropy_the_entropies_are_zeros(tiny_model: Any) -> None:
+    _, ent = shared_prompt_logprobs(tiny_model, **shared_layout(), chunk=64, with_entropy=False)
+    assert bool((ent == 0).all())
+
+
+def test_transformers_models_support_shared_prompts(tiny_model: Any, tiny_gpt2: Any) -> None:
+    assert shared_prompts_supported(tiny_model) and shared_prompts_supported(tiny_gpt2)
+
+
+def test_a_model_without_cache_argument_is_not_supported() -> None:
+    class Old(torch.nn.Module):
+        def forward(self, input_ids: Any, past_key_values: Any = None) -> Any: ...
+
+    assert not shared_prompts_supported(Old())
