@@ -301,6 +301,10 @@ class TrainerSettings(BaseModel):
     """Host other machines use to reach the trainer (defaults to the bound host)."""
     fault_nan_step: int | None = None
     """Test hook: inject a NaN into the loss at this step to exercise rollback."""
+    throttle_s: float = Field(0.0, ge=0)
+    """Test hook: sleep this long after each applied step (a trainer slower than its
+    generators, which then run ahead to the staleness gate); tests that kill a service mid-run
+    use it so the run cannot end before the kill, however fast a step gets."""
     lora: LoraSettings = LoraSettings()
     """LoRA: train and publish a peft adapter instead of all weights."""
 

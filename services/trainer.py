@@ -148,6 +148,8 @@ class Trainer:
                 continue
             self.attempt = 0
             log.info("batch.trained", step=batch.step, groups=[int(g) for g in batch.group_ids])
+            if self.cfg.trainer.throttle_s:
+                time.sleep(self.cfg.trainer.throttle_s)  # test hook: a slow trainer
             if self.state.version % self.cfg.trainer.publish_every == 0:
                 self.publish()
             release_cache(self.state.device, self.cfg.run.placement == "colocated")

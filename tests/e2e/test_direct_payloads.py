@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -51,11 +52,16 @@ def test_a_killed_generators_unfetched_groups_are_generated_again(
     tmp_path: Path, background_run: list[Run]
 ) -> None:
     steps = 16
-    # every group is buffered until trained (none filtered): the store holds some at the kill
-    keep = ["--set", "algo.advantage.filter_zero_signal=false"]
+    # every group is buffered until trained (none filtered), and the trainer pauses 1 s after
+    # each step while the generator runs ahead to the staleness gate (2): 0.7 s into a pause its
+    # store holds groups the trainer has not fetched (without the pause the generator was the
+    # bottleneck, the trainer fetched each group at once and a kill found none held)
+    keep = ["--set", "algo.advantage.filter_zero_signal=false", "--set", "trainer.throttle_s=1.0",
+            "--set", "hub.max_staleness=2"]  # fmt: skip
     run = Run(tmp_path / "run", steps, *DIRECT, *keep, "--set", "run.restarts=2")
     background_run.append(run)
     run.wait_steps(3)
+    time.sleep(0.7)
     os.kill(pid_of(run.run_dir, "generator-0"), signal.SIGKILL)  # its store dies with it
     assert run.finish() == 0, run.output()[-3000:]
     counters = _balanced(run.run_dir)

@@ -25,6 +25,9 @@ from .conftest import (
 
 pytestmark = pytest.mark.slow
 STEPS = 30
+# at least 0.3 s a step: a run of 30 tiny steps can end in ~7 s, before a kill 1.5 s after
+# step 3 lands (it did once shared prompts made the trainer's step 0.04 s)
+PACED = ("--set", "trainer.throttle_s=0.3")
 
 
 def test_generator_killed_is_redispatched_and_restarted(
@@ -98,7 +101,7 @@ def _steps_recorded_once(run_dir: Path) -> list[int]:
 
 
 def test_hub_killed_restarts_from_its_checkpoint(tmp_path: Path, background_run: list[Run]) -> None:
-    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
+    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2", *PACED)
     background_run.append(run)
     run.wait_steps(3)
     time.sleep(1.5)  # let the hub write a checkpoint
@@ -114,7 +117,7 @@ def test_hub_killed_five_times_at_random_trains_every_group_once(
     tmp_path: Path, background_run: list[Run]
 ) -> None:
     steps = 60
-    run = Run(tmp_path / "run", steps, "--set", "run.restarts=6")
+    run = Run(tmp_path / "run", steps, "--set", "run.restarts=6", *PACED)
     background_run.append(run)
     rng = random.Random()
     for kill in range(5):
