@@ -175,9 +175,8 @@ def shared_prompt_logprobs(
         entropies.append(ent if ent is not None else torch.zeros_like(logp))
         lo, seq = hi, seq + rows
     valid = completion_attn.bool()
-    logp_all = torch.where(valid, torch.cat(logps), 0.0)
-    ent_all = torch.where(valid, torch.cat(entropies), 0.0) if with_entropy else None
-    return logp_all, torch.zeros_like(logp_all) if ent_all is None else ent_all
+    # without entropies every chunk appended zeros, so this is zeros too
+    return torch.where(valid, torch.cat(logps), 0.0), torch.where(valid, torch.cat(entropies), 0.0)
 
 
 def _shared_chunk(
