@@ -29,6 +29,12 @@ from typing import Any
 
 import torch
 
+BUCKET_OVERHEAD = 32
+"""Token slots one more completion forward is worth (`completion_buckets`): its fixed cost
+(a pass through every layer, forward and backward) in units of one token's compute. Measured
+on the tiny model on one CPU thread (bench.vs_trl_step); larger models make a token dearer,
+so fewer slots' overhead."""
+
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, T) position of each token among the real tokens of its row; pads get 0."""
@@ -139,6 +145,7 @@ def shared_prompt_logprobs(
     chunk: int,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    bucket_overhead: int = BUCKET_OVERHEAD,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies (S, C) float32 of completions that share prompts.
 
@@ -147,7 +154,9 @@ def shared_prompt_logprobs(
     the tokens after each sequence's prompt, right-padded. `[s, j]` is
     log p(completion_ids[s, j] | prompt, completion_ids[s, :j]), 0 on padding. Each prompt
     runs once; prompts go through the model a few at a time, at most `chunk` sequences (or
-    one prompt's) per forward.
+    one prompt's) per forward. Their completions then run in forwards by length
+    (`completion_buckets`, one more forward costing `bucket_overhead` token slots), so a long
+    completion does not pad every short one to its length.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
@@ -170,6 +179,7 @@ def shared_prompt_logprobs(
             completion_attn[span],
             temperature,
             with_entropy,
+            bucket_overhead,
         )
         logps.append(logp)
         entropies.append(ent if ent is not None else torch.zeros_like(logp))
@@ -177,6 +187,49 @@ def shared_prompt_logprobs(
     valid = completion_attn.bool()
     # without entropies every chunk appended zeros, so this is zeros too
     return torch.where(valid, torch.cat(logps), 0.0), torch.where(valid, torch.cat(entropies), 0.0)
+
+
+def completion_buckets(lengths: list[int], overhead: int) -> list[list[int]]:
+    """Rows of a shared-prompt chunk by completion length, into the forwards that run them.
+
+    `lengths[s]`: row s's completion tokens. A forward over rows R runs |R| x max(R) token
+    slots (its rows are right-padded), plus `overhead`: what one more forward costs, in token
+    slots. Rows of length <= 1 need none (their one token is predicted from the prompt) and
+    are left out. The split of the length-sorted rows into consecutive runs that minimises
+    slots + overhead per forward (exact, over the distinct lengths); each run's rows sorted by
+    length."""
+    order = sorted((n, s) for s, n in enumerate(lengths) if n > 1)
+    if not order:
+        return []
+    values = sorted({n for n, _ in order})
+    counts = [sum(1 for n, _ in order if n == v) for v in values]
+    # best[i]: the cheapest split of the rows of the i shortest distinct lengths
+    best, cut = [0] + [0] * len(values), [0] * (len(values) + 1)
+    for i in range(1, len(values) + 1):
+        rows, options = 0, []
+        for j in range(i, 0, -1):  # the last forward holds distinct lengths j-1 .. i-1
+            rows += counts[j - 1]
+            options.append((best[j - 1] + rows * values[i - 1] + overhead, j - 1))
+        best[i], cut[i] = min(options)
+    bounds, i = [], len(values)
+    while i > 0:
+        bounds.append((values[cut[i]], values[i - 1]))
+        i = cut[i]
+    return [[s for n, s in order if lo <= n <= hi] for lo, hi in reversed(bounds)]
+
+
+def _bucket_cache(cache: Any, rows: torch.Tensor) -> Any | None:
+    """A fresh KV cache holding `rows` of `cache`'s (with grad), or None when the cache is
+    not plain per-layer dynamic (sliding windows, encoder-decoder): then it is not split."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if type(cache) is not DynamicCache or not layers:
+        return None
+    if any(type(layer) is not DynamicLayer for layer in layers):
+        return None
+    data = [(lay.keys.index_select(0, rows), lay.values.index_select(0, rows)) for lay in layers]
+    return DynamicCache(ddp_cache_data=data)
 
 
 def _shared_chunk(
@@ -188,6 +241,7 @@ def _shared_chunk(
     completion_attn: torch.Tensor,
     temperature: float,
     with_entropy: bool,
+    overhead: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     lengths = prompt_mask.sum(dim=1)  # (u,)
     keep = torch.unique(lengths - 1)  # (K,) sorted: the positions of the prompts' last tokens
@@ -200,20 +254,63 @@ def _shared_chunk(
     )
     rows = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
     last = out.logits[rows, torch.searchsorted(keep, lengths - 1)]  # (u, V): predicts c_0
-    logits = last[prompt_of].unsqueeze(1)  # (s, 1, V)
+    first = last[prompt_of].unsqueeze(1)  # (s, 1, V)
     width = completion_ids.shape[1]
-    if width > 1:  # the completions attend to their prompt's cache (rows repeated, with grad)
-        cache = out.cache
-        for layer in cache.layers:
-            layer.reorder_cache(prompt_of)
-        rest = model(
-            input_ids=completion_ids,
-            attention_mask=torch.cat([prompt_mask[prompt_of], completion_attn], dim=1),
-            position_ids=lengths[prompt_of].unsqueeze(1)
-            + torch.arange(width, device=completion_ids.device),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=torch.arange(width - 1, device=completion_ids.device),
-        ).logits  # (s, C-1, V): predicts c_1 .. c_{C-1}
-        logits = torch.cat([logits, rest], dim=1)  # (s, C, V)
-    return _next_token_logprobs(logits, completion_ids, temperature, with_entropy)
+    buckets = completion_buckets(completion_attn.sum(dim=1).tolist(), overhead)
+    caches = [_bucket_cache(out.cache, prompt_of[torch.tensor(b)]) for b in buckets]
+    if width == 1 or any(c is None for c in caches):
+        logits = first
+        if width > 1:  # the completions attend to their prompt's cache (rows repeated, with grad)
+            cache = out.cache
+            for layer in cache.layers:
+                layer.reorder_cache(prompt_of)
+            rest = _completion_logits(model, cache, prompt_mask[prompt_of], completion_ids,
+                                      completion_attn, lengths[prompt_of])  # fmt: skip
+            logits = torch.cat([first, rest], dim=1)  # (s, C, V)
+        return _next_token_logprobs(logits, completion_ids, temperature, with_entropy)
+    # one forward per length bucket, each on its own copy of its rows' prompt caches; rows
+    # of one token are predicted from the prompt alone
+    ran = [s for b in buckets for s in b]
+    alone = sorted(set(range(completion_ids.shape[0])) - set(ran))
+    parts = [_next_token_logprobs(first[alone], completion_ids[alone, :1], temperature,
+                                  with_entropy)] if alone else []  # fmt: skip
+    for bucket, cache in zip(buckets, caches, strict=True):
+        idx = torch.tensor(bucket, device=completion_ids.device)
+        w = int(completion_attn[idx].sum(dim=1).max())
+        ids, attn = completion_ids[idx, :w], completion_attn[idx, :w]
+        of = prompt_of[idx]
+        rest = _completion_logits(model, cache, prompt_mask[of], ids, attn, lengths[of])
+        parts.append(_next_token_logprobs(torch.cat([first[idx], rest], dim=1), ids,
+                                          temperature, with_entropy))  # fmt: skip
+    inverse = torch.argsort(torch.tensor(alone + ran, device=completion_ids.device))
+
+    def assemble(values: list[torch.Tensor]) -> torch.Tensor:
+        padded = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+        return torch.cat(padded).index_select(0, inverse)  # (s, C), rows in their order
+
+    logp = assemble([lp for lp, _ in parts])
+    entropies = [e for _, e in parts if e is not None]
+    return logp, assemble(entropies) if with_entropy else None
+
+
+def _completion_logits(
+    model: Any,
+    cache: Any,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_attn: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """Logits (s, C-1, V) predicting completion tokens 1 .. C-1, each row attending to its
+    prompt's KV in `cache` (one row per completion) and to its own earlier tokens."""
+    width = completion_ids.shape[1]
+    steps = torch.arange(width, device=completion_ids.device)
+    logits: torch.Tensor = model(
+        input_ids=completion_ids,
+        attention_mask=torch.cat([prompt_mask, completion_attn], dim=1),
+        position_ids=prompt_lengths.unsqueeze(1) + steps,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=steps[: width - 1],
+    ).logits
+    return logits
