@@ -83,7 +83,7 @@ def snapshot_arrays(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
 ) -> tuple[list[tuple[str, np.ndarray[Any, Any]]], dict[str, str]]:
     """Copy tensors to CPU arrays, skipping tied duplicates; returns (arrays, aliases)."""
-    arrays, aliases, _ = copy_snapshot(named_tensors)
+    arrays, aliases, _ = copy_snapshot(named_tensors, with_checksums=False)
     return arrays, aliases
 
 

@@ -36,6 +36,28 @@ def test_copy_is_bit_exact_with_checksums_and_aliases() -> None:
     assert list(sums) == [checksum(a) for _, a in arrays]
 
 
+@pytest.mark.parametrize("overlap_bytes", [0, 2**40])
+def test_checksums_match_overlapped_or_inline(
+    overlap_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hashed on the helper thread (every snapshot at 0) or inline (none at 2**40): the same
+    per-tensor checksums, of the copied bytes."""
+    from grpo_stream.transport import weights_snapshot
+
+    monkeypatch.setattr(weights_snapshot, "OVERLAP_BYTES", overlap_bytes)
+    arrays, _, sums = copy_snapshot(_named(2.5), SnapshotBuffers())
+    assert len(sums) == len(arrays) == 4
+    assert list(sums) == [checksum(a) for _, a in arrays]
+    assert len(set(sums[:2])) == 2  # different tensors, different sums
+
+
+def test_without_checksums_the_copy_is_the_same() -> None:
+    arrays, aliases, sums = copy_snapshot(_named(1.5), SnapshotBuffers(), with_checksums=False)
+    want, want_aliases, _ = copy_snapshot(_named(1.5), SnapshotBuffers())
+    assert sums == () and aliases == want_aliases
+    assert [a.tobytes() for _, a in arrays] == [a.tobytes() for _, a in want]
+
+
 def test_a_buffer_is_reused_once_its_snapshot_is_dropped() -> None:
     pool = SnapshotBuffers()
     first, _, _ = copy_snapshot(_named(1.0), pool)
