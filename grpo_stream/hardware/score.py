@@ -78,6 +78,9 @@ class FitResult:
     reason: str = ""
     samples: int = 0
     devices: int = 0
+    # each device's mean measured tokens/s, and what the weights predict for it
+    measured: dict[str, float] = field(default_factory=dict)
+    predicted: dict[str, float] = field(default_factory=dict)
 
 
 class ScoreModel:
@@ -116,12 +119,18 @@ class ScoreModel:
             )
             return self._log(FitResult(self.weights, None, {}, False, reason, n, devices))
         weights = self._fit()
-        rmse, rel = self._errors(weights)
+        rmse, rel, means = self._errors(weights)
+        measured = {d: obs for d, (obs, _) in means.items()}
+        predicted = {d: pred for d, (_, pred) in means.items()}
         if not any(weights.apply(x) > 0 for v in self._samples.values() for x, _ in v):
-            result = FitResult(self.weights, rmse, rel, False, "degenerate fit", n, devices)
+            result = FitResult(
+                self.weights, rmse, rel, False, "degenerate fit", n, devices, measured, predicted
+            )
             return self._log(result)
         self.weights, self.fitted = weights, True
-        return self._log(FitResult(weights, rmse, rel, True, "fit", n, devices))
+        return self._log(
+            FitResult(weights, rmse, rel, True, "fit", n, devices, measured, predicted)
+        )
 
     def _fit(self) -> Weights:
         """Least squares in relative error: each device's rows are divided by its mean
@@ -146,8 +155,12 @@ class ScoreModel:
         x = bounded_lstsq(np.array(rows), np.array(targets), upper)
         return Weights(float(x[0]), float(x[1]), float(x[2]))
 
-    def _errors(self, weights: Weights) -> tuple[float, dict[str, float]]:
-        sq, count, rel = 0.0, 0, {}
+    def _errors(
+        self, weights: Weights
+    ) -> tuple[float, dict[str, float], dict[str, tuple[float, float]]]:
+        """RMSE over all samples; per device, the relative error of its mean prediction and
+        its (mean measured, mean predicted) tokens/s."""
+        sq, count, rel, means = 0.0, 0, {}, {}
         for device, samples in self._samples.items():
             preds = [weights.apply(x) for x, _ in samples]
             obs = [y for _, y in samples]
@@ -156,7 +169,8 @@ class ScoreModel:
             mean_obs = sum(obs) / len(obs)
             mean_pred = sum(preds) / len(preds)
             rel[device] = abs(mean_pred - mean_obs) / mean_obs if mean_obs > 0 else math.inf
-        return math.sqrt(sq / count), rel
+            means[device] = (mean_obs, mean_pred)
+        return math.sqrt(sq / count), rel, means
 
     def _log(self, result: FitResult) -> FitResult:
         w = result.weights
@@ -173,6 +187,8 @@ class ScoreModel:
             gamma=w.gamma,
             rmse=result.rmse,
             rel_error=result.rel_error,
+            measured=result.measured,
+            predicted=result.predicted,
             samples=result.samples,
             devices=result.devices,
         )

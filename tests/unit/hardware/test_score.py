@@ -211,3 +211,7 @@ def test_refit_splits_a_misfit_the_features_cannot_express_in_relative_error():
     assert result.used
     assert result.rel_error["fast"] == pytest.approx(abs(a - 1), abs=1e-3)
     assert result.rel_error["slow"] == pytest.approx(abs(a * q - 1), abs=1e-3)
+    assert result.measured == pytest.approx({"fast": 220.0, "slow": 100.0})
+    # the features fix the predictions' ratio at 3; the fit scales them to a = S / y_fast
+    assert result.predicted["fast"] / result.predicted["slow"] == pytest.approx(3.0, rel=1e-3)
+    assert result.predicted["fast"] == pytest.approx(a * 220.0, rel=1e-3)
