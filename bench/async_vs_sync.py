@@ -21,15 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    REPO_ROOT,
-    RESULTS_DIR,
     TINY_MODEL,
     StepSeries,
+    add_smoke,
     environment,
     fmt,
     median_run,
+    parse,
     pipeline_overrides,
     plot_rewards,
+    ran_with,
+    results_path,
     run_pipeline,
     save_json,
     up_command,
@@ -62,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs per mode")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    add_smoke(parser)
     return parser
+
+
+SMOKE = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--max-tokens", "4",
+         "--last-k", "1"]  # fmt: skip
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -101,11 +108,12 @@ def run_both(
             runs[mode].append(
                 run_pipeline(name, run_dir, args.steps, sets + extra, sync, args.timeout)
             )
+            ran_with(run_dir, "hub.max_staleness", 0 if sync else 1)
     return runs, commands
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv, SMOKE)
     if args.steps < 2 or min(args.last_k, args.generators, args.repeats) < 1:
         raise SystemExit("--steps must be >= 2, --last-k, --generators, --repeats >= 1")
     k = min(args.last_k, args.steps)
@@ -130,10 +138,10 @@ def main(argv: list[str] | None = None) -> None:
             "summary": {mode: s.summary(k) for mode, s in runs.items()},
             "series": {mode: s.to_json() for mode, s in runs.items()},
         }
-        stem = RESULTS_DIR / "async_vs_sync"
+        stem = results_path("async_vs_sync")
         plot_rewards(stem.with_suffix(".png"), [runs["sync"], runs["async"]], "grpo-stream")
         save_json(stem.with_suffix(".json"), result)
-        print(f"saved {stem.relative_to(REPO_ROOT)}.json/.png")
+        print(f"saved {stem}.json/.png")
     ratio = runs["async"].steps_per_s() / runs["sync"].steps_per_s()
     print(
         f"ratio async/sync steps/s: {fmt(ratio)} (reward last{k} async "

@@ -9,6 +9,9 @@
   loading, process start-up and the first step's warm-up count for neither side; the
   end-to-end wall time (start-up included) is kept beside them.
 - Results are written as JSON and PNG under bench/results (small files, kept in git).
+- Every bench has `--smoke` (`parse`): its smallest run of every side, in seconds, whose
+  results go to a temporary directory (`results_path`), never to bench/results. The test
+  suite runs each bench this way, so a bench that no longer runs fails a test.
 
 Run the benchmarks from the repository root as modules: `python -m bench.vs_trl ...`.
 Nothing here runs at import time; matplotlib is imported inside `plot_rewards`.
@@ -16,13 +19,16 @@ Nothing here runs at import time; matplotlib is imported inside `plot_rewards`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,48 @@ EXTRA_METRICS = ("step_seconds", "trainer_wait_s", "staleness_mean")
 """metrics.jsonl columns kept beside the main series: where a step's time went."""
 TINY_MODEL = "grpo-stream/tiny-arith"
 """Name of the shipped tiny model (resolved to grpo_stream/assets/tiny-arith)."""
+SMOKE_HELP = (
+    "a run of seconds: the smallest size of every side, results in a temporary directory "
+    "(the test suite runs every bench so)"
+)
+_smoke_dir: Path | None = None
+"""Where a --smoke run writes its results (set by `parse`); None: bench/results."""
+
+
+def add_smoke(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+
+
+def parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, smoke: Sequence[str]
+) -> argparse.Namespace:
+    """The bench's arguments; with --smoke, its `smoke` sizes first, then what was given (so
+    an explicit option still wins). "{tmp}" in `smoke` is the smoke run's results directory."""
+    global _smoke_dir
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(given)
+    if not args.smoke:
+        return args
+    _smoke_dir = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+    print(f"smoke run: results go to {_smoke_dir}", flush=True)
+    return parser.parse_args([*(a.replace("{tmp}", str(_smoke_dir)) for a in smoke), *given])
+
+
+def ran_with(run_dir: Path, setting: str, expected: Any) -> None:
+    """Raise unless the run in `run_dir` resolved `setting` (section.key) to `expected`: each
+    side of a comparison checks that it ran the mode it is named for."""
+    import tomllib
+
+    node: Any = tomllib.loads((run_dir / "config.toml").read_text())
+    for part in setting.split("."):
+        node = node[part]
+    if node != expected:
+        raise RuntimeError(f"{run_dir}: {setting} = {node!r}, expected {expected!r}")
+
+
+def results_path(name: str) -> Path:
+    """bench/results/NAME, or NAME in the smoke run's temporary directory."""
+    return (_smoke_dir or RESULTS_DIR) / name
 
 
 @dataclass

@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from bench.common import add_smoke, parse
+
 
 def _model(seed: int) -> Any:
     from grpo_stream.models.testing import tiny_qwen2
@@ -100,7 +102,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = parse(parser, None, ["--reps", "1", "--batch", "1", "--seq", "16"])
     if "RANK" not in os.environ:  # not under torchrun yet: start two ranks of ourselves
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         cmd += ["--nproc-per-node=2", "-m", "bench.ddp", *sys.argv[1:]]

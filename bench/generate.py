@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import TINY_MODEL
+from bench.common import TINY_MODEL, add_smoke, parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per path")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    add_smoke(parser)
     return parser
+
+
+SMOKE = ["--size", "tiny", "--prompts", "2", "--group-size", "2", "--max-tokens", "2",
+         "--repeats", "1"]  # fmt: skip
 
 
 def time_paths(model_path: str, args: argparse.Namespace) -> dict[str, float]:
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from bench.vs_trl import build_10x
 
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv, SMOKE)
     torch.set_num_threads(args.threads)
     sizes = ["tiny", "10x"] if args.size == "both" else [args.size]
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,88 +1,97 @@
 #!/usr/bin/env bash
-# GPU check of the trainer and friends, one script, under 8 minutes on one GPU.
+# The GPU check: proves grpo-stream's GPU paths on a bare GPU machine (no internet, the
+# packages of bench/gpu_image.txt) in one call of at most ~8 minutes.
 #
-#   bash bench/gpu_check.sh [MODEL]      (MODEL defaults to the shipped tiny model)
+#   python scripts/gpu_bundle.py                  # first, on a CPU machine with pip: .whl/
+#   bash bench/gpu_check.sh [--cpu] [--model M] [--bundle DIR] [--only STEP,STEP]
 #
-# 1. NVML fingerprint of GPU 0 (grpo-stream fingerprint --json)
-# 2. trainer steps on the GPU, fp32 vs bf16-mixed: loss agreement, tokens/s, peak memory, MFU
-# 3. the hf generator on the GPU
-# 4. a short `grpo-stream up` on the one GPU (trainer and generator share it)
-# 5. weights published from the GPU (device -> pinned host staging), GiB/s
-# Prints a summary table; with $OUT set, writes $OUT/gpu_check.json and the logs there.
-#
-# Hosts without pyzmq/structlog/pydantic/math-verify: put their wheels in .whl/ (see the
-# README's "Training on GPUs"); they are installed into /tmp/site first.
+# Steps (bench/gpu_check.py says what each measures): install (the bundle's wheels into a
+# target folder), requirements (grpo_stream comes from that folder; every requirement met),
+# nvml (GPU 0's raw NVML record), fingerprint, trainer (fp32 / bf16-mixed / bf16), generate
+# (hf engine), publish (device -> pinned host staging), up (a 30-step run on the GPU).
+# Everything runs the INSTALLED package: PYTHONPATH is the target folder alone, the steps run
+# with `python -P` from a work folder outside the repository.
+# --cpu: the same on the CPU with smaller sizes (the rehearsal that tests run here).
+# Prints a summary table, then exits 1 if any step failed. Writes gpu_check.json,
+# gpu_check.log (each step's log tail) and nvml_record.json (when NVML answered) under $OUT
+# when set, else the work folder (GPU_CHECK_WORK, default a new /tmp/gpu-check.*).
+# GPU_CHECK_BUDGET (seconds; 480, --cpu 600) bounds the whole run: each step's limit is cut
+# to what is left, so the table always comes.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-MODEL="${1:-grpo-stream/tiny-arith}"
-OUT_DIR="${OUT:-$(mktemp -d)}"
-mkdir -p "$OUT_DIR"
-export PYTHONUNBUFFERED=1
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CHECK="$ROOT/bench/gpu_check.py"
+CPU=""
+MODEL="grpo-stream/tiny-arith"
+BUNDLE="$ROOT/.whl"
+ONLY=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) CPU="--cpu"; shift ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --bundle) BUNDLE="$2"; shift 2 ;;
+    --only) ONLY=",$2,"; shift 2 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$BUNDLE" in /*) ;; *) BUNDLE="$PWD/$BUNDLE" ;; esac
+PY="${PYTHON:-python3}"
+WORK="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu-check.XXXXXX)}"
+SITE="$WORK/site"
+BUDGET="${GPU_CHECK_BUDGET:-$([ -n "$CPU" ] && echo 600 || echo 480)}"
+mkdir -p "$WORK"
+: >"$WORK/rc.txt"
+cd "$WORK" || exit 2
+export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE"
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || { echo "wheel install failed"; exit 1; }
-  export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
-PY=python3
-
-step() {  # step NAME SECONDS CMD...: run with a time limit, keep its JSON line and its log
+step() { # step NAME SECONDS CMD...: run CMD under the time limit; its rc goes to rc.txt
   local name=$1 limit=$2
   shift 2
-  echo "== $name" >&2
-  timeout "$limit" "$@" >"$OUT_DIR/$name.log" 2>&1
+  [ -z "$ONLY" ] || [[ "$ONLY" == *",$name,"* ]] || return 0
+  local left=$((BUDGET - SECONDS - 15))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then
+    echo "no time left of GPU_CHECK_BUDGET=$BUDGET s" >"$WORK/$name.log"
+    echo "$name 124" >>"$WORK/rc.txt"
+    return 0
+  fi
+  echo "== $name (limit ${limit} s)" >&2
+  local t0=$SECONDS
+  LIMIT=$limit timeout --kill-after=10 "$limit" "$@" >"$WORK/$name.log" 2>&1
   local rc=$?
-  grep '^{' "$OUT_DIR/$name.log" | tail -1 >"$OUT_DIR/$name.json" || true
-  [ -s "$OUT_DIR/$name.json" ] || echo "{\"$name\": {\"failed\": $rc}}" >"$OUT_DIR/$name.json"
-  echo "   rc=$rc" >&2
+  echo "   rc=$rc after $((SECONDS - t0)) s" >&2
+  echo "$name $rc" >>"$WORK/rc.txt"
 }
 
-step fingerprint 60 $PY -m grpo_stream.cli.main fingerprint --json
-step trainer 180 $PY -m bench.gpu_check trainer --model "$MODEL" --device cuda
-step generate 60 $PY -m bench.gpu_check generate --model "$MODEL" --device cuda
-step publish 60 $PY -m bench.gpu_check publish --model "$MODEL" --device cuda
-RUN_DIR="$OUT_DIR/up-run"
-step up 150 $PY -m grpo_stream.cli.main up --run-dir "$RUN_DIR" --max-steps 30 \
-  --set 'trainer.device="cuda"' --set 'model.name_or_path="'"$MODEL"'"'
-# up prints no JSON: summarise its metrics (reward first/last 5 steps, staleness, waits)
-$PY - "$RUN_DIR" >"$OUT_DIR/up.json" <<'EOF'
-import json, sys
-from pathlib import Path
-rows = [json.loads(l) for l in (Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines() if l.strip()] if (Path(sys.argv[1]) / "metrics.jsonl").exists() else []
-mean = lambda xs: sum(xs) / len(xs) if xs else None
-r = [x["reward_mean"] for x in rows if x.get("reward_mean") is not None]
-print(json.dumps({"up": {"steps": len(rows), "reward_first5": mean(r[:5]), "reward_last5": mean(r[-5:]),
-  "staleness_mean": mean([x.get("staleness_mean", 0.0) for x in rows]),
-  "trainer_wait_s": mean([x.get("trainer_wait_s", 0.0) for x in rows])}}))
-EOF
+part() { # part NAME: the python side of one step
+  "$PY" -P "$CHECK" "$1" $CPU --model "$MODEL" --json-out "$WORK/$1.json" \
+    --site "$SITE" --bundle "$BUNDLE" --work "$WORK" --timeout "$((LIMIT - 5))"
+}
+export -f part
+export PY CHECK CPU MODEL WORK SITE BUNDLE
 
-$PY - "$OUT_DIR" <<'EOF'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-data = {}
-for name in ("fingerprint", "trainer", "generate", "publish", "up"):
-    try:
-        data[name] = json.loads((out / f"{name}.json").read_text() or "{}")
-    except (OSError, json.JSONDecodeError) as exc:
-        data[name] = {"failed": str(exc)}
-(out / "gpu_check.json").write_text(json.dumps(data, indent=2))
-t = data["trainer"].get("trainer", {})
-def row(k, v): print(f"{k:34} {v}")
-print("| check | result |")
-dev = data["fingerprint"].get("devices", [{}])
-row("GPU", dev[0].get("name") if dev else None)
-for p in ("fp32", "bf16-mixed", "bf16"):
-    s = t.get(p, {})
-    row(f"trainer {p} tokens/s", s.get("tokens_per_s"))
-    row(f"trainer {p} peak GiB", s.get("peak_gib"))
-    row(f"trainer {p} MFU", s.get("mfu"))
-row("loss rel diff bf16-mixed vs fp32", t.get("first_loss_rel_diff"))
-row("loss rel diff bf16 vs fp32", t.get("first_loss_rel_diff_bf16"))
-row("hf generate", data["generate"].get("generate"))
-row("publish GiB/s", data["publish"].get("publish", {}).get("gib_per_s"))
-row("publish staged (pinned buffer)", data["publish"].get("publish", {}).get("staged"))
-row("up", data["up"].get("up"))
-EOF
+if [ -f "$BUNDLE/bundle.json" ]; then
+  step install 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --disable-pip-version-check --upgrade --target "$SITE" "$BUNDLE"/*.whl
+else
+  echo "no bundle at $BUNDLE (bundle.json): build it with python scripts/gpu_bundle.py" \
+    | tee "$WORK/install.log" >&2
+  echo "install 1" >>"$WORK/rc.txt"
+fi
+step requirements 60 bash -c 'part requirements'
+step nvml 30 bash -c 'part nvml'
+step fingerprint 60 bash -c 'part fingerprint'
+step trainer 150 bash -c 'part trainer'
+step generate 60 bash -c 'part generate'
+step publish 60 bash -c 'part publish'
+step up 200 bash -c 'part up'
+
+OUT_DIR="${OUT:-$WORK}"
+mkdir -p "$OUT_DIR"
+"$PY" -P "$CHECK" summary --work "$WORK" --out "$OUT_DIR"
+status=$?
+while read -r name rc; do
+  echo "== $name rc=$rc"
+  tail -n 60 "$WORK/$name.log"
+done <"$WORK/rc.txt" >"$OUT_DIR/gpu_check.log"
+exit $status

@@ -19,6 +19,12 @@ likewise for scorers; BatchRequest -> TrainBatch for the trainer) p50/p99; the h
 on a shared machine the hub gets what the others leave) and RSS; the load average.
 `--profile DIR` runs the hub under cProfile (one .prof per N). Results:
 bench/results/hub_load.json and hub_load.png. Nothing runs at import time.
+
+`--auth on off` (the default) runs each fleet twice, back to back: with the run's secret
+(signed Hellos, every message after them sealed: `grpo_stream.transport.seal`) and without
+one; the table prints what authentication costs side by side: messages/s the fleet sent the
+hub and the hub's CPU per group, each as on/off. `--smoke` is a seconds-long run of one small
+fleet, both ways (the default test suite runs it).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench.common import RESULTS_DIR
 from grpo_stream.hub.auth import write_secret
@@ -60,7 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, default=None, help="cProfile the hub into DIR")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "hub_load.json")
     p.add_argument("--label", default="", help="a note stored with the results")
+    p.add_argument("--auth", nargs="+", choices=["on", "off"], default=["on", "off"],
+                   help="with the run's secret (sealed sessions) and/or without")  # fmt: skip
+    p.add_argument("--smoke", action="store_true", help="one small fleet, seconds long")
     return p
+
+
+SMOKE = ["--generators", "8", "--payloads", "hub", "--seconds", "2", "--warmup", "1",
+         "--offered", "100", "--tokens", "64", "--groups-per-step", "8",
+         "--scorers", "2"]  # fmt: skip
+"""What `--smoke` runs (any option given after it still wins)."""
 
 
 def sim_model(run_dir: Path, tokens: int) -> Path:
@@ -90,6 +107,7 @@ def hub_settings(
         f"hub.max_staleness={staleness}",
         f"hub.replay.capacity={4 * per_step}",
         f"hub.payloads={payloads}",
+        "security.check_content=false",  # a simulated model has no tokenizer: ids are random
     ]
     return [a for s in sets for a in ("--set", s)]
 
@@ -113,24 +131,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
-def _sim(role: str, hub: str, secret: Path, first: int, count: int, out: Path,
+def _sim(role: str, hub: str, secret: Path | None, first: int, count: int, out: Path,
          stop_at: float, extra: list[str]) -> subprocess.Popen[bytes]:  # fmt: skip
     extra = [*extra, "--stop-file", str(out.parent / "stop")]
-    argv = [sys.executable, "-m", "bench.hub_sim", role, hub, str(secret), str(first),
+    argv = [sys.executable, "-m", "bench.hub_sim", role, hub, str(secret or "-"), str(first),
             str(count), str(out), "--stop-at", str(stop_at), *extra]  # fmt: skip
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
 
 
-def run_fleet(args: argparse.Namespace, n: int, tmp: Path, payloads: str) -> dict[str, Any]:
-    """One hub (hub.payloads = `payloads`) and its simulated fleet of `n` generators; the
-    window's numbers."""
-    run_dir = tmp / f"run-{payloads}-{n}"
-    secret = write_secret(run_dir / "secret")
+def run_fleet(
+    args: argparse.Namespace, n: int, tmp: Path, payloads: str, auth: str = "on"
+) -> dict[str, Any]:
+    """One hub (hub.payloads = `payloads`, with the run's secret when `auth` is "on") and its
+    simulated fleet of `n` generators; the window's numbers."""
+    run_dir = tmp / f"run-{payloads}-{n}-{auth}"
+    secret = write_secret(run_dir / "secret") if auth == "on" else None
+    secret_args = [] if secret is None else ["--secret-file", str(secret)]
     prof = []
     if args.profile is not None:
         prof = ["-m", "cProfile", "-o", str(args.profile / f"hub-{payloads}-{n}.prof")]
     hub_argv = [sys.executable, *prof, "-m", "grpo_stream.cli.main", "run", "grouper",
-                "--instance", "grouper-0", "--log-json", "--secret-file", str(secret),
+                "--instance", "grouper-0", "--log-json", *secret_args,
                 *hub_settings(args, n, run_dir, payloads)]  # fmt: skip
     hub_log = (run_dir / "hub.out").open("wb")
     hub = subprocess.Popen(hub_argv, stdout=hub_log, stderr=subprocess.STDOUT)
@@ -184,8 +205,8 @@ def run_fleet(args: argparse.Namespace, n: int, tmp: Path, payloads: str) -> dic
     for role, out, _ in sims:
         records[role].append(json.loads(out.read_text()))
     row = summarize(records, window_start, stop_at)
-    row.update(payloads=payloads, generators=n, generator_processes=procs, scorers=args.scorers,
-               offered_groups_per_s=args.offered, generator_delay_s=delay,
+    row.update(auth=auth, payloads=payloads, generators=n, generator_processes=procs,
+               scorers=args.scorers, offered_groups_per_s=args.offered, generator_delay_s=delay,
                hub_cpu_cores=round(hub_cpu, 3), hub_rss_mib=round(rss, 1),
                hub_cpu_ms_per_group=round(1000 * hub_cpu / max(row["groups_per_s"], 1e-9), 3),
                load_average=round(os.getloadavg()[0], 1),
@@ -218,7 +239,21 @@ def summarize(records: dict[str, list[dict[str, Any]]], start: float, end: float
         for code, count in r["errors"].items():
             errors[code] = errors.get(code, 0) + count
     out["errors_seen_by_peers"] = errors
+    sent = sum(
+        _sent_in(r.get("sent_series", []), start, end) for rs in records.values() for r in rs
+    )
+    out["messages_per_s"] = round(sent / seconds, 1)
     return out
+
+
+def _sent_in(series: list[list[float]], start: float, end: float) -> float:
+    """Messages a peer process sent within [start, end], from its (time, total sent) samples
+    (once a second: linear between two)."""
+    if not series:
+        return 0.0
+    times = [t for t, _ in series]
+    totals = [float(c) for _, c in series]
+    return float(np.interp(end, times, totals) - np.interp(start, times, totals))
 
 
 def hub_stopped(run_dir: Path) -> dict[str, Any]:
@@ -235,6 +270,25 @@ def hub_stopped(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
+def auth_cost(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per fleet run both ways: messages/s and hub CPU per group, on vs off."""
+    out = []
+    for on in (r for r in rows if r["auth"] == "on"):
+        off = next((r for r in rows if r["auth"] == "off" and r["payloads"] == on["payloads"]
+                    and r["generators"] == on["generators"]), None)  # fmt: skip
+        if off is None:
+            continue
+        msgs = on["messages_per_s"] / max(off["messages_per_s"], 1e-9)
+        cpu = on["hub_cpu_ms_per_group"] / max(off["hub_cpu_ms_per_group"], 1e-9)
+        out.append(
+            f"auth on/off  payloads={on['payloads']} generators={on['generators']}: "
+            f"messages/s {on['messages_per_s']} / {off['messages_per_s']} = {msgs:.3f}, "
+            f"hub CPU ms/group {on['hub_cpu_ms_per_group']} / {off['hub_cpu_ms_per_group']} "
+            f"= {cpu:.3f}"
+        )
+    return out
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -243,7 +297,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for mode in sorted({r.get("payloads", "hub") for r in rows}):
-        mine = [r for r in rows if r.get("payloads", "hub") == mode]
+        mine = [r for r in rows if r.get("payloads", "hub") == mode and r.get("auth") != "off"]
         ns = [r["generators"] for r in mine]
         a.plot(ns, [r["groups_per_s"] for r in mine], "o-", label=f"groups/s, payloads={mode}")
         b.plot(ns, [r["dispatch_p50_ms"] for r in mine], "o-", label=f"p50, payloads={mode}")
@@ -259,22 +313,26 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args([*SMOKE, *argv] if "--smoke" in argv else argv)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hub-load-") as tmp:
         for payloads in args.payloads:
             for n in args.generators:
-                row = run_fleet(args, n, Path(tmp), payloads)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    header = ("payloads", "generators", "groups_per_s", "completion_tokens_per_s",
-              "dispatch_p50_ms", "dispatch_p99_ms", "batch_p99_ms", "hub_cpu_cores",
-              "hub_cpu_ms_per_group", "hub_rss_mib", "load_average")  # fmt: skip
+                for auth in args.auth:  # back to back: the same load on the machine
+                    row = run_fleet(args, n, Path(tmp), payloads, auth)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    header = ("auth", "payloads", "generators", "groups_per_s", "messages_per_s",
+              "completion_tokens_per_s", "dispatch_p50_ms", "dispatch_p99_ms", "batch_p99_ms",
+              "hub_cpu_cores", "hub_cpu_ms_per_group", "hub_rss_mib", "load_average")  # fmt: skip
     print("  ".join(header))
     for r in rows:
         print("  ".join(str(r[h]) for h in header))
+    for line in auth_cost(rows):
+        print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     args.out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1) + "\n")

@@ -1,9 +1,10 @@
 """Simulated services for `bench.hub_load`: many peers per process, no model.
 
 Each simulated peer is one DEALER socket (our `Client`) under its own identity that joins the
-real hub as `up`'s services do: a Hello signed with the run's secret (`grpo_stream.hub.auth`),
-the hub's Welcome, credits (WorkRequest) and heartbeats from its main socket. Every message
-goes through our codec.
+real hub as `up`'s services do: with the run's secret, a signed Hello (`grpo_stream.hub.auth`)
+and every message after it sealed with the session's key (`grpo_stream.transport.seal`);
+without one (`SECRET` given as "-"), neither. Then the hub's Welcome, credits (WorkRequest)
+and heartbeats from its main socket. Every message goes through our codec.
 
 - generator: answers each PromptBatch, after `delay_s`, with one synthetic Rollout per prompt
   (G completions of `tokens` tokens each, with texts and log-probs), then asks for as many
@@ -41,7 +42,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from grpo_stream.hub.auth import load_secret, sign
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
+from grpo_stream.hub.auth import load_secret, session_key, sign
 from grpo_stream.hub.payload_refs import fetch_batch, score_request_of
 from grpo_stream.hub.payload_store import (
     PayloadFetcher,
@@ -52,7 +54,7 @@ from grpo_stream.hub.payload_store import (
 )
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import PayloadLost, ScoreRef, TrainBatchRef
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.seal import MAIN, Sealer
 from grpo_stream.transport.sockets import Client, close_context, make_context
 
 PROMPT_TOKENS = 32
@@ -82,7 +84,8 @@ class Record:
     latencies_s: list[float] = field(default_factory=list)
     stamps: list[float] = field(default_factory=list)  # wall time of each latency sample
     groups: list[tuple[float, int, int]] = field(default_factory=list)  # (time, groups, tokens)
-    sent: int = 0
+    sent: int = 0  # every message sent to the hub (hub.payloads = direct: to the hub only)
+    sent_series: list[tuple[float, int]] = field(default_factory=list)  # (wall time, sent)
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -106,8 +109,6 @@ class Synthetic:
             group_id=int(batch.group_ids[i]),
             instance=instance,
             policy_version=batch.min_version,
-            prompt=batch.prompts[i],
-            reference=dict(batch.references[i]),
             prompt_ids=self.prompt_ids,
             completion_ids=self.ids,
             completion_offsets=self.offsets,
@@ -120,10 +121,11 @@ class Synthetic:
 
 
 def join_all(
-    ctx: zmq.Context[Any], hub: str, service: str, names: list[str], secret: bytes,
+    ctx: zmq.Context[Any], hub: str, service: str, names: list[str], secret: bytes | None,
     timeout_s: float = 120.0,
 ) -> list[Peer]:  # fmt: skip
-    """Say a signed Hello on one socket per name; wait until every one got its Welcome."""
+    """Say Hello on one socket per name (signed, and the session sealed, with `secret`);
+    wait until every one got its Welcome."""
     transport, security = TransportSettings(), SecuritySettings()
     peers = [Peer(n, Client(ctx, hub, transport, security, n)) for n in names]
     for rank, peer in enumerate(peers):
@@ -131,7 +133,10 @@ def join_all(
             service=service, instance=peer.instance, host=socket.gethostname(),
             pid=os.getpid(), capacity=1, rank=rank if service == "trainer" else 0,
         )  # fmt: skip
-        peer.client.send(sign(hello, secret))
+        if secret is not None:
+            sign(hello, secret)
+            peer.client.sealer = Sealer(session_key(secret, hello), MAIN)
+        peer.client.send(hello)
     waiting = {p.client.socket: p for p in peers}
     poller = zmq.Poller()
     for sock in waiting:
@@ -169,6 +174,7 @@ class Fleet:
         self.rng = np.random.default_rng(args.first)
         self.stopped = False
         self._seq = 0
+        self._next_sample = 0.0  # when the sent counter is sampled next (once a second)
         self.store: PayloadServer | None = None  # --payloads direct, generators
         self.fetcher: PayloadFetcher | None = None  # --payloads direct, scorers and trainer
         self.refs: list[tuple[Peer, ScoreRef]] = []  # ScoreRefs of this poll round
@@ -214,7 +220,15 @@ class Fleet:
                 _, _, name, batch = heapq.heappop(self.due)
                 self._answer(by_name[name], batch, now)
             self._beat(now)
+            if now >= self._next_sample:
+                self._next_sample = now + 1.0
+                self.record.sent_series.append((time.time(), self.record.sent))
+        self.record.sent_series.append((time.time(), self.record.sent))
         return self.record
+
+    def _send(self, peer: Peer, msg: m.Message) -> None:
+        peer.client.send(msg)
+        self.record.sent += 1
 
     # ----- messages -------------------------------------------------------------------
     def _on_message(self, peer: Peer, msg: m.Message) -> None:
@@ -254,8 +268,7 @@ class Fleet:
             msg: m.Message = self.synthetic.rollout(batch, i, peer.instance, self.args.delay_s)
             if self.store is not None and isinstance(msg, m.Rollout):
                 msg = rollout_meta(msg, self.store.address, self.store.store.put(msg))
-            peer.client.send(msg)
-            self.record.sent += 1
+            self._send(peer, msg)
         peer.busy_s += self.args.delay_s
         peer.tokens += len(batch.group_ids) * len(self.synthetic.ids)
         self._ask_work(peer, len(batch.group_ids), now)
@@ -263,13 +276,13 @@ class Fleet:
     def _score(self, peer: Peer, req: m.ScoreRequest, now: float) -> None:
         g = len(req.completions)
         rewards = (self.rng.random(g) < 0.5).astype(np.float32)
-        peer.client.send(
+        self._send(
+            peer,
             m.Scored(
                 lease_id=req.lease_id, group_id=req.group_id, rewards=rewards,
                 component_names=["sim"], components=rewards.reshape(1, g), errors=[],
-            )
+            ),
         )  # fmt: skip
-        self.record.sent += 1
         self._ask_work(peer, 1, now)
 
     def _score_refs(self) -> None:
@@ -284,7 +297,7 @@ class Fleet:
                                        self.args.group_size)  # fmt: skip
             if isinstance(request, PayloadLost):
                 self._error("payload_lost")
-                peer.client.send(request)
+                self._send(peer, request)
                 self._ask_work(peer, 1, now)
             else:
                 self._score(peer, request, now)
@@ -296,7 +309,7 @@ class Fleet:
         got = fetch_batch(self.fetcher, ref, version=peer.step, attempt=0)
         if isinstance(got, PayloadLost):
             self._error("payload_lost")
-            peer.client.send(got)
+            self._send(peer, got)
             self._ask_batch(peer, time.monotonic())
             return
         self._on_message(peer, got)
@@ -305,11 +318,11 @@ class Fleet:
         self.record.errors[code] = self.record.errors.get(code, 0) + 1
 
     def _ask_work(self, peer: Peer, credits: int, now: float) -> None:
-        peer.client.send(m.WorkRequest(instance=peer.instance, credits=credits))
+        self._send(peer, m.WorkRequest(instance=peer.instance, credits=credits))
         peer.asked_at = now
 
     def _ask_batch(self, peer: Peer, now: float) -> None:
-        peer.client.send(m.BatchRequest(step=peer.step, trainer_version=peer.step))
+        self._send(peer, m.BatchRequest(step=peer.step, trainer_version=peer.step))
         peer.asked_at = now
 
     def _beat(self, now: float) -> None:
@@ -323,14 +336,14 @@ class Fleet:
                     tokens_per_s=peer.tokens / peer.busy_s, wait_s=0.0, version=0,
                     batches=0, prompts_total=0, busy_s=peer.busy_s,
                 )  # fmt: skip
-            peer.client.send(m.Heartbeat(instance=peer.instance, hub_rtt_s=0.001, generator=stats))
+            self._send(peer, m.Heartbeat(instance=peer.instance, hub_rtt_s=0.001, generator=stats))
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="simulated hub peers (used by bench.hub_load)")
     p.add_argument("role", choices=["generator", "scorer", "trainer"])
     p.add_argument("hub")
-    p.add_argument("secret", type=Path)
+    p.add_argument("secret", help="the run's secret file, or - for a hub without one")
     p.add_argument("first", type=int, help="index of this process's first peer")
     p.add_argument("count", type=int)
     p.add_argument("out", type=Path)
@@ -351,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = make_context()
     names = [f"sim-{args.role}-{i}" for i in range(args.first, args.first + args.count)]
     try:
-        peers = join_all(ctx, args.hub, args.role, names, load_secret(args.secret))
+        secret = None if args.secret == "-" else load_secret(Path(args.secret))
+        peers = join_all(ctx, args.hub, args.role, names, secret)
         args.out.with_suffix(".joined").touch()
         fleet = Fleet(args, peers, ctx)
         try:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, TINY_MODEL, environment, save_json
+from bench.common import TINY_MODEL, add_smoke, environment, parse, results_path, save_json
 
 MODES = ("between", "inflight", "inflight-keep")
 PROMPTS = ["12+34=", "7+8=", "100-1=", "9+9="]
@@ -133,8 +133,8 @@ def trainer(server: Any, sets: list[Any], arrived: queue.Queue[Arrived], args: A
 def run_mode(mode: str, engine: Any, sets: list[Any], args: Any) -> Tally:
     import zmq
 
+    from grpo_stream.config.transport import SecuritySettings, TransportSettings
     from grpo_stream.transport.fetch import WeightsWatcher
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
     from grpo_stream.transport.weights import WeightServer
 
     ctx: zmq.Context[Any] = zmq.Context()
@@ -191,8 +191,8 @@ def run_mode(mode: str, engine: Any, sets: list[Any], args: Any) -> Tally:
 
 def load_engine(model: str, work: Path) -> Any:
     from grpo_stream.config import ModelSettings
+    from grpo_stream.config.transport import SecuritySettings, TransportSettings
     from grpo_stream.engines.hf import HFEngine
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
     name = TINY_MODEL
     if model == "10x":
@@ -215,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all modes, pooled")
-    args = parser.parse_args(argv)
+    add_smoke(parser)
+    smoke = ["--max-tokens", "8", "--group-size", "2", "--groups", "2", "--steps", "2",
+             "--train-s", "0.05"]  # fmt: skip
+    args = parse(parser, argv, smoke)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = modes["inflight"]["steps_per_s"] / modes["between"]["steps_per_s"]
         results["steps_per_s_ratio"] = ratio
         print(f"steps/s inflight/between {ratio:.3f}")
-    save_json(RESULTS_DIR / f"inflight_{args.model}.json", results)
+    save_json(results_path(f"inflight_{args.model}.json"), results)
     return 0
 
 

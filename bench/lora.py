@@ -29,7 +29,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, TINY_MODEL, environment, pipeline_overrides, run_pipeline
+from bench.common import (
+    RESULTS_DIR,
+    TINY_MODEL,
+    add_smoke,
+    environment,
+    parse,
+    pipeline_overrides,
+    ran_with,
+    run_pipeline,
+)
 from bench.common import save_json as write_json
 
 PROMPTS = ["12+34=", "7+8=", "50+25=", "3+4="]
@@ -47,12 +56,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--r", type=int, default=16, help="LoRA rank")
     parser.add_argument("--byte-ranks", type=_ints, default=[4, 8, 16, 32])
     parser.add_argument("--part", choices=["all", "weights", "reward"], default="all")
+    parser.add_argument("--size", choices=["10x", "tiny"], default="10x",
+                        help="the weights part: a built 10x model or the tiny one")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sft-steps", type=int, default=0, help="10x model warm start")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "lora.json")
-    return parser.parse_args(argv)
+    add_smoke(parser)
+    return parse(parser, argv, SMOKE)
+
+
+SMOKE = ["--steps", "2", "--window", "1", "--lora-lrs", "2e-3", "--byte-ranks", "4",
+         "--repeats", "1", "--size", "tiny", "--out", "{tmp}/lora.json"]  # fmt: skip
 
 
 def _floats(text: str) -> list[float]:
@@ -157,7 +173,7 @@ def _tensor_bytes(tensors: Any) -> int:
 def adapter_bytes_by_rank(model: str, ranks: list[int]) -> dict[int, int]:
     """Bytes of a published adapter version (tensors and manifest) at each rank, default
     targets, on `model` (loaded in float32 as the trainer does)."""
-    from grpo_stream.models.adapter import LoraSettings
+    from grpo_stream.config.lora import LoraSettings
     from grpo_stream.models.loading import load_policy
     from grpo_stream.training.lora import wrap_policy
 
@@ -183,7 +199,7 @@ def adapter_fraction_7b(r: int) -> dict[str, float]:
     from peft import get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_stream.models.adapter import LoraSettings
+    from grpo_stream.config.lora import LoraSettings
     from grpo_stream.training.lora import lora_config
 
     with torch.device("meta"):
@@ -199,10 +215,10 @@ def _publish_apply(
 ) -> dict[str, Any]:
     import zmq
 
+    from grpo_stream.config.transport import SecuritySettings, TransportSettings
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.engines.lora import HFAdapter
     from grpo_stream.models.loading import load_policy, load_tokenizer
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
     from grpo_stream.transport.weights import WeightServer
 
     engine = HFEngine(load_policy(model, dtype="float32", trainable=False), load_tokenizer(model))
@@ -247,7 +263,9 @@ def reward_runs(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     for kind, lr, extra in runs:
         name = f"{kind} lr={lr:g}"
         sets = [*pipeline_overrides(lr=lr, **common), *extra]
-        s = run_pipeline(name, work / f"up-{kind}-{lr:g}", args.steps, sets)
+        run_dir = work / f"up-{kind}-{lr:g}"
+        s = run_pipeline(name, run_dir, args.steps, sets)
+        ran_with(run_dir, "trainer.lora.enabled", kind == "lora")
         first, last = s.reward_first(args.window), s.reward_last(args.window)
         out["runs"].append({"kind": kind, "lr": lr, "reward_first": first, "reward_last": last,
                             "gain": last - first, "steps_per_s": s.steps_per_s(),
@@ -265,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from bench.vs_trl import build_10x
+    from bench.vs_trl_model import count_parameters
+    from grpo_stream.models.loading import resolve_model
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -272,9 +292,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
         work = Path(tmp)
         if args.part in ("all", "weights"):
-            info = build_10x(TINY_MODEL, work / "model-10x", args.seed, args.sft_steps)
-            print(f"10x model: {json.dumps(info)}", flush=True)
-            results["model_10x"] = info
+            if args.size == "10x":
+                info = build_10x(TINY_MODEL, work / "model-10x", args.seed, args.sft_steps)
+            else:
+                path = str(resolve_model(TINY_MODEL))
+                info = {"path": path, "parameters": count_parameters(path)}
+            print(f"{args.size} model: {json.dumps(info)}", flush=True)
+            results[f"model_{args.size}"] = info
             results.update(measure_trainers(info["path"], work, args))
             results["adapter_bytes_by_rank"] = adapter_bytes_by_rank(info["path"], args.byte_ranks)
             results["qwen2_7b_shapes"] = adapter_fraction_7b(args.r)

@@ -25,11 +25,12 @@ from typing import Any
 
 import torch
 
+from bench.common import add_smoke, parse
 from grpo_stream.algo.logprobs import token_logprobs
 from grpo_stream.algo.loss import grpo_loss
 from grpo_stream.algo.regularizer import GradRegularizer
 from grpo_stream.algo.rollback import RollbackGuard
-from grpo_stream.algo.settings import LossSettings, RegularizerSettings, RollbackSettings
+from grpo_stream.config.algo import LossSettings, RegularizerSettings, RollbackSettings
 from grpo_stream.training.batch import Tensors
 from grpo_stream.training.offpolicy import proximal_logprobs
 
@@ -68,7 +69,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--chunk", type=int, default=8)
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = parse(parser, None, ["--reps", "1", "--batch", "4", "--tokens", "8"])
     torch.set_num_threads(args.threads)
 
     model = build_model(args.vocab)

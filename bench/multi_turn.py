@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, environment, save_json
+from bench.common import RESULTS_DIR, add_smoke, environment, parse, save_json
 
 MODEL = "grpo-stream/tiny-guess"
 PROMPT = "guess 1-16:"
@@ -59,12 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads (every side)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "multi_turn.json")
+    add_smoke(p)
     return p
 
 
+SMOKE = ["--prompts", "2", "--group", "2", "--turns", "2", "--repeats", "1",
+         "--out", "{tmp}/multi_turn.json"]  # fmt: skip
+
+
 def episodes_once(engine: Any, pool: Any, args: argparse.Namespace, seed: int) -> Any:
+    from grpo_stream.config.envs import EnvSettings
     from grpo_stream.envs.episodes import EpisodeRun, run_episodes
-    from grpo_stream.envs.settings import EnvSettings
     from grpo_stream.envs.turns import TurnFormat
     from grpo_stream.tasks.guess import GuessTask
 
@@ -137,7 +142,7 @@ def train_groups(groups: list[list[Any]]) -> tuple[list[Any], list[Any]]:
 
     import numpy as np
 
-    from grpo_stream.algo.settings import AdvantageSettings
+    from grpo_stream.config.algo import AdvantageSettings
     from grpo_stream.envs.service import episode_rollout
     from grpo_stream.hub.batches import assemble
     from grpo_stream.hub.episodes import scored_by_env
@@ -146,8 +151,8 @@ def train_groups(groups: list[list[Any]]) -> tuple[list[Any], list[Any]]:
     episodic, single = [], []
     for gid, eps in enumerate(groups):
         head = m.Rollout(
-            lease_id=1, group_id=gid, instance="bench", policy_version=0, prompt=PROMPT,
-            reference={}, prompt_ids=np.zeros(0, np.int32), completion_ids=np.zeros(0, np.int32),
+            lease_id=1, group_id=gid, instance="bench", policy_version=0,
+            prompt_ids=np.zeros(0, np.int32), completion_ids=np.zeros(0, np.int32),
             completion_offsets=np.zeros(1, np.int64), logprobs=np.zeros(0, np.float32),
             texts=[], truncated=[], gen_seconds=0.0,
             sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=3),
@@ -189,9 +194,9 @@ def make_state(run_dir: Path) -> Any:
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from grpo_stream.config.envs import EnvSettings
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.envs.sandbox import EnvPool
-    from grpo_stream.envs.settings import EnvSettings
     from grpo_stream.models.loading import load_policy, load_tokenizer
 
     engine = HFEngine(load_policy(MODEL, dtype="float32", trainable=False), load_tokenizer(MODEL))
@@ -267,7 +272,7 @@ def _same_tokens(a: list[list[Any]], b: list[list[Any]]) -> bool:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv, SMOKE)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-multi-turn-") as tmp:
         result = measure(args, Path(tmp))

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, save_json
+from bench.common import add_smoke, parse, results_path, save_json
 from bench.off_policy_table import MODES, merged, summarise
 
 EVAL_OFFSET = 1_000_000
@@ -82,7 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-group", type=int, default=4, help="samples per held-out prompt")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--name", default="off_policy", help="bench/results/NAME.{json,png}")
+    add_smoke(p)
     return p
+
+
+SMOKE = ["--steps", "2", "--staleness", "0,1", "--modes", "tis", "--prompts-per-step", "2",
+         "--group-size", "2", "--max-tokens", "4", "--eval-prompts", "4",
+         "--eval-group", "1"]  # fmt: skip
 
 
 def mode_settings(mode: str) -> list[str]:
@@ -287,7 +293,7 @@ def grid(args: argparse.Namespace) -> list[tuple[int, str, int, int]]:
 def main() -> None:
     import torch
 
-    args = build_parser().parse_args()
+    args = parse(build_parser(), None, SMOKE)
     torch.set_num_threads(args.threads)
     if args.merge:
         runs, initial, run_args = merged(args.merge)
@@ -313,7 +319,7 @@ def main() -> None:
             flush=True,
         )
         partial = {"args": vars(args), "initial_reward": initial, "runs": runs, "partial": True}
-        save_json(RESULTS_DIR / f"{args.name}.json", partial)  # a cut-off run keeps its cells
+        save_json(results_path(f"{args.name}.json"), partial)  # a cut-off run keeps its cells
     summarise(runs, initial, args.name, vars(args))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, environment, save_json
+from bench.common import RESULTS_DIR, environment, results_path, save_json
 
 MODES = ("none", "behaviour", "tis", "decoupled", "tis+bclip")
 """The corrections compared (`algo.loss.off_policy`; +bclip: with `algo.loss.behaviour_clip`),
@@ -157,7 +157,7 @@ def summarise(runs: list[dict[str, Any]], initial: float, name: str, args: dict[
         ]
     text = "\n".join(lines)
     print("\n" + text)
-    out = RESULTS_DIR / f"{name}.json"
+    out = results_path(f"{name}.json")
     save_json(
         out,
         {
@@ -170,8 +170,8 @@ def summarise(runs: list[dict[str, Any]], initial: float, name: str, args: dict[
             "environment": environment(),
         },
     )
-    (RESULTS_DIR / f"{name}.md").write_text(text + "\n")
-    plot(RESULTS_DIR / f"{name}.png", runs, initial)
+    results_path(f"{name}.md").write_text(text + "\n")
+    plot(results_path(f"{name}.png"), runs, initial)
     print(f"wrote {out}")
     four = table.get("s4_r1", {})
     best_mode = max(four, key=lambda m: four[m]["ratio"]) if four and on_gain > 0 else None

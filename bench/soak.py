@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import add_smoke, parse
+
 TERMINAL = ("trained", "filtered", "stale", "failed", "discarded")
 WEIGHT_EVENTS = ("weights.applied", "weights.sent_to_relay", "weights.relay_failed",
                  "weights.refused", "weights.fetch_failed")  # fmt: skip
@@ -65,7 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="generator.inflight_updates = true.")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=None, help="generator.max_tokens.")
     parser.add_argument("--out", type=Path, default=None, help="Also write the summary here.")
+    add_smoke(parser)
     return parser
+
+
+SMOKE = ["--minutes", "0.4", "--kill-every", "8", "--warmup-steps", "1",
+         "--rss-growth", "10"]  # fmt: skip
+"""Smoke: one or two kills in ~25 s; RSS is not judged (a run that short is still warming)."""
 
 
 def feature_overrides(args: argparse.Namespace) -> list[str]:
@@ -93,7 +101,7 @@ def _cli(*args: str) -> list[str]:
 
 def service_pids(run_dir: Path) -> dict[str, int]:
     """instance -> pid of every registered service, plus the hub's own pid."""
-    out = subprocess.run(_cli("status", "--run-dir", str(run_dir), "--json"),
+    out = subprocess.run(_cli("status", str(run_dir), "--json"),
                          capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
     snap = json.loads(out.stdout)
     pids = {str(s["instance"]): int(s["pid"]) for s in snap["services"]}
@@ -218,7 +226,7 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv, SMOKE)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         run_dir = args.run_dir or Path(tmp) / "run"
         summary = soak(args, run_dir)

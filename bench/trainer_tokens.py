@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, TINY_MODEL, environment, save_json
+from bench.common import TINY_MODEL, add_smoke, environment, parse, results_path, save_json
 
 GROUP = 8
 
@@ -61,7 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--child-memory", default=None, help=argparse.SUPPRESS)  # model path
     p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
+    add_smoke(p)
     return p
+
+
+SMOKE = ["--sequences", "2", "--max-len", "32", "--min-len", "4", "--median", "8",
+         "--threads", "1", "--micro-batch-tokens", "256", "--model", TINY_MODEL]  # fmt: skip
+"""Smoke: the shipped tiny model instead of building the 10x one."""
 
 
 def make_batch(args: argparse.Namespace, seed: int, sequences: int) -> Any:
@@ -122,12 +128,15 @@ def throughput(args: argparse.Namespace, model: str, tmp: Path) -> dict[str, Any
     """Both sides, step by step on the same batches: seconds per step and tokens/s."""
     from grpo_stream.training.batch import to_tensors
 
+    own = "trainer.share_prompts=false"  # each side its own layout, not the shared one
     ckpt = ("trainer.packing=true", "trainer.gradient_checkpointing=true")
     sides = {
-        "padded": make_state(args, model, tmp / "padded", "trainer.packing=false"),
-        "packed": make_state(args, model, tmp / "packed", "trainer.packing=true"),
+        "padded": make_state(args, model, tmp / "padded", "trainer.packing=false", own),
+        "packed": make_state(args, model, tmp / "packed", "trainer.packing=true", own),
         "checkpointed": make_state(args, model, tmp / "checkpointed", *ckpt),
+        "shared": make_state(args, model, tmp / "shared", "trainer.share_prompts=true"),
     }
+    layout = {"padded": "padded", "packed": "packed", "checkpointed": "packed", "shared": "shared"}
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     tokens = 0
     for step in range(args.steps + 1):  # step 0 warms up, on a small batch
@@ -136,6 +145,8 @@ def throughput(args: argparse.Namespace, model: str, tmp: Path) -> dict[str, Any
             t0 = time.perf_counter()
             if not state.train_step(batch).applied:
                 raise SystemExit(f"{name}: step {step} was not applied")
+            if state.layout != layout[name]:
+                raise SystemExit(f"{name}: the step ran {state.layout} micro-batches")
             if step:
                 seconds[name].append(time.perf_counter() - t0)
         if step:
@@ -213,7 +224,7 @@ def memory(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv, SMOKE)
     if args.child_memory is not None:
         child_memory(args)
         return
@@ -234,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     pad, pack = result["padded"], result["packed"]
     ratio = pack["tokens_per_s"] / pad["tokens_per_s"]
     print(f"{'side':12} {'tokens/s':>10} {'step s':>16} {'micro-batches':>14} {'padding':>8}")
-    for name in ("padded", "packed", "checkpointed"):
+    for name in ("padded", "packed", "checkpointed", "shared"):
         r = result[name]
         print(
             f"{name:12} {r['tokens_per_s']:10.1f} {r['step_s']!s:>16} "
@@ -252,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     load = [round(load_start, 1), round(os.getloadavg()[0], 1)]
     print(f"wall {wall:.0f} s, 1-min load average {load[0]} at the start, {load[1]} at the end")
     save_json(
-        RESULTS_DIR / "trainer_tokens.json",
+        results_path("trainer_tokens.json"),
         {
             "args": vars(args),
             "model": info,
@@ -264,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
             "environment": environment(),
         },
     )
-    print(f"ratio packed/padded tokens/s: {ratio:.2f}")
+    shared = result["shared"]["tokens_per_s"] / pack["tokens_per_s"]
+    print(f"ratio packed/padded tokens/s: {ratio:.2f}, shared/packed {shared:.2f}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ receiver does not decode. Short rounds alternate between the modes so both see t
 machine load; each mode's throughput is its messages over its total time.
 The last line printed is `ratio codec/raw: X` (codec throughput over raw; goal >= 0.8).
 
-Run: python bench/transport.py [--iters 1000] [--seqs 256] [--tokens 1024] [--rounds 50]
+Run: python -m bench.transport [--iters 1000] [--seqs 256] [--tokens 1024] [--rounds 50]
 """
 
 from __future__ import annotations
@@ -22,27 +22,43 @@ from collections.abc import Callable
 import numpy as np
 import zmq
 
-from grpo_stream.protocols import TrainBatch, decode, encode
+from bench.common import add_smoke, parse
+from grpo_stream.hub.batches import build_batch
+from grpo_stream.hub.replay import Group
+from grpo_stream.protocols import SamplingParams, TrainBatch, decode, encode
 
 POLL_MS = 30_000  # a sender silent this long has died: fail instead of hanging
 
 
+GROUP = 8
+
+
 def make_batch(seqs: int, tokens: int) -> TrainBatch:
-    """S sequences of `tokens` tokens; the first quarter of each is prompt."""
-    prompt = tokens // 4
+    """S sequences of `tokens` tokens in groups of 8 (the first quarter of each is prompt),
+    built by the hub's own `build_batch`, so the message stays today's TrainBatch."""
+    prompt = max(tokens // 4, 1)
     rng = np.random.default_rng(0)
-    return TrainBatch(
-        step=1,
-        group_ids=np.arange(max(seqs // 8, 1), dtype=np.int64),
-        input_ids=rng.integers(0, 32_000, seqs * tokens, dtype=np.int32),  # (S*T,)
-        seq_offsets=np.arange(0, seqs * tokens + 1, tokens, dtype=np.int64),  # (S+1,)
-        prompt_lens=np.full(seqs, prompt, dtype=np.int32),  # (S,)
-        behaviour_logprobs=-rng.random(seqs * (tokens - prompt), dtype=np.float32),
-        advantages=rng.standard_normal(seqs, dtype=np.float32),  # (S,)
-        rewards=rng.random(seqs, dtype=np.float32),  # (S,)
-        versions=np.zeros(seqs, dtype=np.int32),  # (S,)
-        stats={"dropped_stale": 0},
-    )
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=tokens - prompt)
+    groups = []
+    for g in range(max(seqs // GROUP, 1)):
+        n = min(GROUP, seqs - g * GROUP) if seqs >= GROUP else seqs
+        completion = tokens - prompt
+        rewards = rng.random(n, dtype=np.float32)
+        groups.append(
+            Group(
+                group_id=g,
+                policy_version=0,
+                prompt_ids=rng.integers(0, 32_000, prompt, dtype=np.int32),
+                completion_ids=rng.integers(0, 32_000, n * completion, dtype=np.int32),
+                completion_offsets=np.arange(0, n * completion + 1, completion, dtype=np.int64),
+                logprobs=-rng.random(n * completion, dtype=np.float32),
+                rewards=rewards,
+                advantages=(rewards - rewards.mean()).astype(np.float32),
+                valid=np.ones(n, dtype=bool),
+                sampling=sampling,
+            )
+        )
+    return build_batch(1, groups)
 
 
 def _socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
@@ -66,7 +82,8 @@ def run_sender(data: str, control: str, seqs: int, tokens: int) -> None:
     try:
         while True:
             command = ctrl.recv_json()
-            assert isinstance(command, dict)
+            if not isinstance(command, dict):
+                raise TypeError(f"the control socket sent {command!r}")
             if command["mode"] == "stop":
                 return
             for _ in range(int(command["iters"])):
@@ -116,7 +133,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     ctrl_port = ctrl.bind_to_random_port("tcp://127.0.0.1")
     sender = subprocess.Popen(
         [
-            *(sys.executable, __file__, "--role", "sender"),
+            *(sys.executable, "-m", "bench.transport", "--role", "sender"),
             *("--seqs", str(args.seqs), "--tokens", str(args.tokens)),
             *("--data", f"tcp://127.0.0.1:{data_port}"),
             *("--control", f"tcp://127.0.0.1:{ctrl_port}"),
@@ -152,7 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--role", choices=["main", "sender"], default="main", help="internal")
     parser.add_argument("--data", help="internal: sender's data address")
     parser.add_argument("--control", help="internal: sender's control address")
-    args = parser.parse_args(argv)
+    add_smoke(parser)
+    args = parse(parser, argv, ["--iters", "20", "--rounds", "2", "--seqs", "16", "--tokens", "64"])
     if args.role == "sender":
         run_sender(args.data, args.control, args.seqs, args.tokens)
         return

@@ -143,8 +143,8 @@ def trl_threads(args: argparse.Namespace) -> int:
 
 def load_problems(n: int, task_name: str) -> list[Any]:
     """The first `n` problems of the task, in order (what our hub dispatches)."""
+    from grpo_stream.config.tasks import TaskSettings
     from grpo_stream.tasks import make_task
-    from grpo_stream.tasks.settings import TaskSettings
 
     task = make_task(TaskSettings(name=task_name))
     return [task.problem(i) for i in range(n)]
@@ -153,10 +153,10 @@ def load_problems(n: int, task_name: str) -> list[Any]:
 def trl_reward(task_name: str) -> Callable[..., list[float | None]]:
     """The task's rewards (exact_match for arith, countdown's for countdown), combined as
     our scorer combines them, as a TRL reward function (references travel as JSON)."""
+    from grpo_stream.config.tasks import TaskSettings
     from grpo_stream.rewards import load_reward
     from grpo_stream.rewards.registry import combine, reward_specs
     from grpo_stream.tasks import make_task
-    from grpo_stream.tasks.settings import TaskSettings
 
     settings = TaskSettings(name=task_name)
     specs = reward_specs(settings, make_task(settings))

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import TINY_MODEL, environment
+from bench.common import TINY_MODEL, add_smoke, environment, parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--profile", action="store_true", help="torch.profiler top ops per side")
     p.add_argument("--seed", type=int, default=0)
+    add_smoke(p)
     return p
+
+
+SMOKE = ["--prompts", "2", "--group-size", "2", "--max-tokens", "4", "--steps", "1",
+         "--warmup", "1"]  # fmt: skip
 
 
 def make_batch(args: argparse.Namespace, tokenizer: Any, task: Any, step: int) -> Any:
@@ -99,12 +104,12 @@ def top_ops(state: Any, batches: list[Any], rows: int = 12) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv, SMOKE)
     import torch
 
+    from grpo_stream.config.tasks import TaskSettings
     from grpo_stream.models.loading import load_tokenizer
     from grpo_stream.tasks import make_task
-    from grpo_stream.tasks.settings import TaskSettings
 
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
@@ -116,7 +121,10 @@ def main(argv: list[str] | None = None) -> None:
             batch = make_batch(args, tokenizer, task, step)
             for name, state in sides.items():
                 t0 = time.perf_counter()
-                state.train_step(batch)
+                if not state.train_step(batch).applied:
+                    raise SystemExit(f"{name}: step {step} was not applied")
+                if state.layout != name:
+                    raise SystemExit(f"{name}: the step ran {state.layout} micro-batches")
                 if step >= args.warmup:
                     seconds[name].append(time.perf_counter() - t0)
         if args.profile:

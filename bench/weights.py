@@ -34,7 +34,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from bench.common import REPO_ROOT, RESULTS_DIR, TINY_MODEL, environment, save_json
+from bench.common import (
+    REPO_ROOT,
+    TINY_MODEL,
+    add_smoke,
+    environment,
+    parse,
+    results_path,
+    save_json,
+)
 from bench.weights_set import Source, make_source, qwen2_like_shapes, shape_bytes
 
 if TYPE_CHECKING:
@@ -47,13 +55,13 @@ receiver that hears no new version for this long ends)."""
 
 
 def transport_settings(args: argparse.Namespace) -> Any:
-    from grpo_stream.transport.settings import TransportSettings
+    from grpo_stream.config.transport import TransportSettings
 
     return TransportSettings(weights_chunk_bytes=args.chunk_mib << 20)
 
 
 def weights_settings(args: argparse.Namespace) -> Any:
-    from grpo_stream.transport.settings import WeightsSettings
+    from grpo_stream.config.transport import WeightsSettings
 
     # a loaded 2-core machine runs 16 receivers: give a relay's first chunk time to arrive
     return WeightsSettings(deltas=False, relay=args.relay, fanout=args.fanout, relay_stall_s=30)
@@ -165,7 +173,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import zmq
 
-    from grpo_stream.transport.settings import SecuritySettings
+    from grpo_stream.config.transport import SecuritySettings
     from grpo_stream.transport.weights import WeightServer
 
     torch.set_num_threads(1)
@@ -276,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fanout-layers", type=int, default=2, help="fan-out set: decoder layers")
     add("--fanout-vocab", type=int, default=8192, help="fan-out set: vocabulary")
     add("--delta-layers", type=int, default=24, help="delta set: decoder layers")
+    add("--delta-vocab", type=int, default=151_936, help="delta set: vocabulary")
     add("--delta-steps", type=int, default=1, help="AdamW steps per learning rate")
     add("--delta-lrs", default="1e-6,1e-5", help="learning rates of the delta phase")
     add("--compare-runs", action="store_true", help="delta: also size index+value runs")
@@ -289,7 +298,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--announce", help="internal: the PUB address")
     add("--weights", help="internal: the ROUTER address")
     add("--report", help="internal: the benchmark's PULL address")
+    add_smoke(parser)
     return parser
+
+
+SMOKE = ["--rounds", "1", "--layers", "1", "--hidden", "128", "--intermediate", "256",
+         "--vocab", "1024", "--fanout-receivers", "1,2", "--fanout-layers", "1",
+         "--fanout-vocab", "512", "--delta-layers", "1", "--delta-vocab", "1024",
+         "--delta-lrs", "1e-5",
+         "--max-gib", "1"]  # fmt: skip
 
 
 def run_phases(args: argparse.Namespace) -> dict[str, Any]:
@@ -335,7 +352,7 @@ def run_delta(args: argparse.Namespace, out: dict[str, Any]) -> None:
     from bench.weights_delta import measure_deltas, report
 
     torch.set_num_threads(1)
-    shapes = qwen2_like_shapes(layers=args.delta_layers)
+    shapes = qwen2_like_shapes(layers=args.delta_layers, vocab=args.delta_vocab)
     print(f"deltas: {shape_bytes(shapes, 2) / GIB:.3f} GiB bf16 set, real AdamW steps:")
     out["delta"] = {}
     for lr in [float(x) for x in args.delta_lrs.split(",")]:
@@ -344,13 +361,13 @@ def run_delta(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv, SMOKE)
     if args.receivers < 1 or args.rounds < 1:
         raise SystemExit("--receivers and --rounds must be at least 1")
     out = run_phases(args)
     if not args.no_save:
-        path = save_json(RESULTS_DIR / "weights.json", {**out, "env": environment()})
-        print(f"saved {path.relative_to(REPO_ROOT)}")
+        path = save_json(results_path("weights.json"), {**out, "env": environment()})
+        print(f"saved {path}")
     parts = []
     if "delta" in out:
         parts.append(f"delta bytes ratio {out['delta'][min(out['delta'])]['ratio']:.4f}")

@@ -25,9 +25,9 @@ def profile(args: argparse.Namespace) -> dict[str, float]:
 
     from bench.weights import transport_settings
     from bench.weights_set import shapes_of
+    from grpo_stream.config.transport import SecuritySettings, WeightsSettings
     from grpo_stream.protocols.codec import encode
     from grpo_stream.transport import fetch as fetch_mod
-    from grpo_stream.transport.settings import SecuritySettings, WeightsSettings
     from grpo_stream.transport.weights import WeightServer, build_snapshot
     from grpo_stream.transport.weights_snapshot import SnapshotBuffers
 

@@ -59,9 +59,9 @@ def run_receiver(args: argparse.Namespace) -> None:
     """Follow announcements; fetch, apply and report each new version until the last."""
     import zmq
 
+    from grpo_stream.config.transport import SecuritySettings
     from grpo_stream.transport.fetch import Replica, WeightsWatcher
     from grpo_stream.transport.relay import Relay
-    from grpo_stream.transport.settings import SecuritySettings
 
     transport, security = transport_settings(args), SecuritySettings()
     weights = weights_settings(args)

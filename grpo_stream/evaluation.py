@@ -20,12 +20,16 @@ from typing import Any
 
 import structlog
 
-from grpo_stream.models.loading import Dtype
+from grpo_stream.config.tasks import RewardSpec, TaskSettings
+from grpo_stream.models.loading import Dtype, load_policy, load_tokenizer
 from grpo_stream.rewards import RewardFn, combine, load_reward, reward_specs
 from grpo_stream.tasks import Problem, make_eval_task, make_task
-from grpo_stream.tasks.settings import RewardSpec, TaskSettings
 
 log = structlog.get_logger()
+
+GREEDY_TOP_P = 1e-9
+"""Greedy decoding through the engines' sampler: a nucleus this small keeps only the most
+likely token (the nucleus always keeps one)."""
 
 Progress = Callable[[int, int], None]
 """Called with (problems done, problems in all) after each generation batch."""
@@ -174,8 +178,6 @@ def evaluate(
 ) -> EvalResult:
     """Sample `samples` completions for each of `problems` problems and score them."""
     import torch
-
-    from grpo_stream.models.loading import load_policy, load_tokenizer
 
     if samples < 1 or problems < 1 or batch_size < 1:
         raise ValueError("samples, problems and batch_size must be >= 1")

@@ -9,3 +9,7 @@ EXIT_CONFIG_CHANGED = 76
 """The hub came back with another config than the one the service runs (a later Welcome's
 digest differs): the service refuses it and stops; `up` restarts it, and the new process takes
 the new config from its first Welcome."""
+EXIT_ENGINE_FAILED = 77
+"""A generator's inference engine cannot go on (vLLM's engine core or a worker was killed, or
+a version failed to load twice): the generator says so and exits; `up` restarts it while
+`run.restarts` lasts."""

@@ -9,8 +9,10 @@ Checks: the model resolves (the shipped tiny model, a local directory, a name in
 Hugging Face cache, or a name the hub knows: offline mode is honoured); the task's data file
 exists and has the named fields; the longest of the first `FIT_PROBLEMS` prompts plus
 `generator.max_tokens` fits the model's context; the task and engine suit the model (a chat
-template where `task.chat_template` asks for one, vLLM installed where `generator.engine`
-names it); the run directory is writable with room for a checkpoint.
+template where `task.chat_template` asks for one, a supported vLLM installed where
+`generator.engine` names it); a distillation teacher resolves and shares the policy's
+vocabulary; env.agent loads (an async function) with its libraries installed; the run
+directory is writable with room for a checkpoint.
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ from importlib import resources, util
 from pathlib import Path
 from typing import Any
 
+from grpo_stream.agents.client import load_agent
 from grpo_stream.config import RunConfig
+from grpo_stream.engines import vllm_compat
 from grpo_stream.models.loading import SHIPPED_MODELS
+from grpo_stream.tasks import TaskDataError, make_task
+from grpo_stream.tasks.checks import DataCheckError
+from grpo_stream.tasks.checks import check_data as check_task_data
 
 FIT_PROBLEMS = 32
 """Prompts of the first this many problems are measured against the model's context."""
@@ -60,6 +67,10 @@ def preflight(cfg: RunConfig, local_model: bool = True) -> list[str]:
     done.append(check_data(cfg))
     done.append(check_fit(cfg, source))
     done.append(check_compatible(cfg, source))
+    if cfg.algo.distill.teacher is not None:
+        done.append(check_teacher(cfg, source, local_model))
+    if cfg.env.agent is not None:
+        done.append(check_agent(cfg))
     done.append(check_run_dir(Path(cfg.run.run_dir), checkpoint_bytes(source)))
     return done
 
@@ -193,9 +204,6 @@ def checkpoint_bytes(source: ModelSource | None) -> int:
 def check_data(cfg: RunConfig) -> str:
     """The task's data, the evaluation set and every reward load (one owner:
     grpo_stream.tasks.checks; a dataset is opened memory-mapped, nothing is trained)."""
-    from grpo_stream.tasks.checks import DataCheckError
-    from grpo_stream.tasks.checks import check_data as check_task_data
-
     try:
         columns = check_task_data(cfg)
     except DataCheckError as exc:
@@ -213,8 +221,6 @@ def check_fit(cfg: RunConfig, source: ModelSource | None) -> str:
     if context is None or tokenizer_file is None or not tokenizer_file.is_file():
         return "fit: skipped (the model's config or tokenizer.json is not here)"
     from tokenizers import Tokenizer
-
-    from grpo_stream.tasks import TaskDataError, make_task
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     raw = cfg.task.model_copy(update={"chat_template": False})  # a lower bound: no template
@@ -239,11 +245,8 @@ def check_fit(cfg: RunConfig, source: ModelSource | None) -> str:
 
 def check_compatible(cfg: RunConfig, source: ModelSource | None) -> str:
     """A chat template where the task asks for one; vLLM installed where the engine names it."""
-    if cfg.generator.engine == "vllm" and util.find_spec("vllm") is None:
-        raise PreflightError(
-            "generator.engine = 'vllm' but vLLM is not installed here: see the README's "
-            "'vLLM' section (GPU and CPU hosts), or set generator.engine = 'hf'"
-        )
+    if cfg.generator.engine == "vllm":
+        check_vllm()
     if cfg.task.chat_template and source is not None and source.path is not None:
         tok_cfg = source.path / "tokenizer_config.json"
         data = json.loads(tok_cfg.read_text()) if tok_cfg.is_file() else {}
@@ -254,6 +257,74 @@ def check_compatible(cfg: RunConfig, source: ModelSource | None) -> str:
                 "template: set task.chat_template = false or use an instruct model"
             )
     return f"compatible: engine {cfg.generator.engine}, chat_template {cfg.task.chat_template}"
+
+
+def check_vllm() -> None:
+    """vLLM installed here, and a release the vllm engine supports (read from its package
+    metadata: vLLM is not imported; the engine checks its API again at start)."""
+    version = vllm_compat.installed_version()
+    if util.find_spec("vllm") is None or version is None:
+        raise PreflightError(
+            "generator.engine = 'vllm' but vLLM is not installed here: see "
+            "docs/guide/vllm.md (GPU and CPU hosts), or set generator.engine = 'hf'"
+        )
+    try:
+        vllm_compat.check_version(version)
+    except vllm_compat.UnsupportedVLLM as exc:
+        raise PreflightError(str(exc)) from None
+
+
+def check_teacher(cfg: RunConfig, policy: ModelSource | None, local_model: bool) -> str:
+    """The distillation teacher resolves, its engine is installed, and it reads token ids as
+    the policy does (the same vocabulary: teachers score the policy's ids as they are)."""
+    name = str(cfg.algo.distill.teacher)
+    teacher = find_model(
+        name, ask_hub=local_model, required=local_model, setting="algo.distill.teacher"
+    )
+    if cfg.teacher.engine == "vllm" and util.find_spec("vllm") is None:
+        raise PreflightError(
+            "teacher.engine = 'vllm' but vLLM is not installed here: set teacher.engine = 'hf'"
+        )
+    mine, theirs = _vocab(policy), _vocab(teacher)
+    if mine is None or theirs is None:
+        return f"teacher: {name} (vocabulary not compared: a tokenizer.json is not here)"
+    if mine != theirs:
+        differ = len(set(mine.items()) ^ set(theirs.items()))
+        raise PreflightError(
+            f"algo.distill.teacher: {name} does not share the vocabulary of "
+            f"{cfg.model.name_or_path} ({len(theirs)} vs {len(mine)} tokens, {differ} "
+            "entries differ): the teacher scores the policy's token ids, so it needs the "
+            "same tokenizer"
+        )
+    return f"teacher: {name} ({teacher.where if teacher else 'not here'}), same vocabulary"
+
+
+def _vocab(source: ModelSource | None) -> dict[str, int] | None:
+    path = source.path / "tokenizer.json" if source and source.path else None
+    if path is None or not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    vocab: dict[str, int] = Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    return vocab
+
+
+def check_agent(cfg: RunConfig) -> str:
+    """env.agent: the server and client libraries are installed, the function loads and
+    is async (the generator's agent workers load it again, sandboxed)."""
+    if cfg.env.agent is None:
+        return "agent: none"
+    needed = ["starlette", "uvicorn"] + (["openai"] if cfg.env.agent_client == "openai" else [])
+    missing = [name for name in needed if util.find_spec(name) is None]
+    if missing:
+        raise PreflightError(
+            f"env.agent needs {', '.join(missing)}: pip install 'grpo-stream[agents]'"
+        )
+    try:
+        load_agent(cfg.env.agent)
+    except ValueError as exc:
+        raise PreflightError(str(exc)) from None
+    return f"agent: {cfg.env.agent} (client {cfg.env.agent_client})"
 
 
 # ----- run directory ---------------------------------------------------------------------

@@ -4,6 +4,7 @@ grad norm with tau, staleness, throughput, waits."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,6 @@ def write_report(run_dir: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m grpo_stream.report RUN_DIR`: render RUN_DIR/report.png once."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m grpo_stream.report RUN_DIR", file=sys.stderr)

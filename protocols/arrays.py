@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from grpo_stream.protocols.errors import ProtocolError
 
 if TYPE_CHECKING:
     import torch
 
-    from grpo_stream.protocols.schema import Array
+Array: TypeAlias = npt.NDArray[Any]
+"""An n-dimensional array field: one raw frame on the wire, dtype and shape in the header."""
 
 
 @functools.cache
 def wire_dtypes() -> dict[str, np.dtype[Any]]:
     """Dtype name on the wire -> little-endian numpy dtype (bfloat16 from ml_dtypes)."""
-    import ml_dtypes
-
     names = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
     names += ["float16", "float32", "float64"]
     table = {name: np.dtype(name).newbyteorder("<") for name in names}

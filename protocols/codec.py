@@ -24,13 +24,13 @@ import numpy as np
 
 from grpo_stream.protocols.arrays import as_numpy, names_by_dtype, wire_dtypes
 from grpo_stream.protocols.errors import ProtocolError
-from grpo_stream.protocols.messages import MESSAGES
+from grpo_stream.protocols.kinds import MESSAGES
 from grpo_stream.protocols.schema import FieldSpec, Message, Struct, schema
 
 if TYPE_CHECKING:
     import zmq
 
-PROTO_VERSION = 5
+PROTO_VERSION = 6
 """The protocol's major version; a peer with another one is refused."""
 
 _MAX_NDIM = 32

@@ -21,8 +21,10 @@ import numpy as np
 
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols import payloads as p
+from grpo_stream.protocols import teaching as t
 from grpo_stream.protocols.arrays import wire_dtypes
 from grpo_stream.protocols.codec import encode
+from grpo_stream.protocols.kinds import MESSAGES
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
@@ -58,6 +60,7 @@ def step_stats_example() -> m.StepStats:
         reward_std=0.5,
         pass_rate=0.5,
         staleness_mean=1.0,
+        staleness_counts=[0, 16],
         groups_dispatched=20,
         groups_trained=12,
         groups_filtered=3,
@@ -72,6 +75,10 @@ def step_stats_example() -> m.StepStats:
         gen_instances=["gen-0", "gen-1"],
         gen_tokens_per_s=[1234.5, 987.25],
         gen_wait_s=2.5,
+        step_groups=2,
+        groups_refilled=1,
+        signal_rate=0.75,
+        distill_kl=0.125,
     )
 
 
@@ -92,8 +99,6 @@ def _data_examples() -> list[m.Message]:
             group_id=100,
             instance="gen-0",
             policy_version=4,
-            prompt="1+2=",
-            reference={"answer": "3"},
             prompt_ids=np.array([1, 2, 3, 4], dtype=np.int32),
             completion_ids=completion,
             completion_offsets=np.array([0, 3, 7], dtype=np.int64),
@@ -132,6 +137,7 @@ def _data_examples() -> list[m.Message]:
             advantages=np.array([0.7071, -0.7071], dtype=np.float32),
             rewards=np.array([1.0, 0.0], dtype=np.float32),
             versions=np.array([4, 4], dtype=np.int32),
+            group_offsets=np.array([0, 2], dtype=np.int64),
             totals=m.BatchTotals(num_seqs=2, num_tokens=4),
             sampling=m.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8),
             stats=step_stats_example(),
@@ -166,14 +172,14 @@ def _control_examples() -> list[m.Message]:
             capacity=16,
             rank=0,
             fingerprint={"device": "cpu", "cores": 2, "score": 0.5},
-            endpoints={},
+            endpoints=m.Endpoints(weights="tcp://10.0.0.1:5601", announce="tcp://10.0.0.1:5602"),
             auth="v1:1700000000000:00112233445566778899aabbccddeeff:" + "ab" * 32,
         ),
         m.Welcome(
             run_id="run-1",
             config={"hub": {"groups_per_step": 16}, "model": {"name_or_path": "tiny"}},
             config_digest="0123456789abcdef",
-            peers={"weights": "tcp://127.0.0.1:5601", "announce": "tcp://127.0.0.1:5602"},
+            peers=m.Endpoints(weights="tcp://127.0.0.1:5601", announce="tcp://127.0.0.1:5602"),
             policy_version=3,
         ),
         m.Heartbeat(
@@ -187,9 +193,14 @@ def _control_examples() -> list[m.Message]:
         m.WorkRequest(instance="gen-0", credits=16),
         m.BatchRequest(step=12, trainer_version=4, rank=0, world_size=1),
         m.WeightsAnnounce(version=5, num_tensors=3, total_bytes=32, checksum=42),
-        m.WeightsRequest(version=-1, have=4, relay="tcp://10.0.0.2:5601", direct=False),
-        m.WeightsRedirect(version=5, base=4, address="tcp://10.0.0.2:5601"),
-        m.StatusRequest(),
+        m.WeightsRequest(
+            version=-1, have=4, relay="tcp://10.0.0.2:5601", direct=False, auth="cd" * 32
+        ),
+        m.WeightsRedirect(version=5, base=4, address="tcp://10.0.0.2:5601", checksum=42),
+        m.StatusRequest(auth="v1:1700000000000:00112233445566778899aabbccddeeff:" + "ef" * 32),
+        m.RolloutEvidence(
+            step=12, group_ids=[100, 101], gaps=[0.015, 2.5], tokens=[7, 12], staleness=[1, 0]
+        ),
         m.Status(
             services=[{"service": "generator", "instance": "gen-0", "alive": True}],
             counters={"groups_trained": 48, "groups_dropped_stale": 1},
@@ -234,11 +245,25 @@ def _payload_examples() -> list[m.Message]:
     ]  # fmt: skip
 
 
+def _teaching_examples() -> list[m.Message]:
+    return [
+        t.TeachRequest(
+            lease_id=11, group_id=100, prompt_ids=np.array([1, 2, 3, 4], dtype=np.int32),
+            completion_ids=np.array([5, 6, 7, 8, 9, 10, 11], dtype=np.int32),
+            completion_offsets=np.array([0, 3, 7], dtype=np.int64), temperature=1.0,
+        ),
+        t.Taught(
+            lease_id=11, group_id=100,
+            logprobs=np.linspace(-2.5, -0.25, 7, dtype=np.float32), error="",
+        ),
+    ]  # fmt: skip
+
+
 def examples() -> list[m.Message]:
     """One fixed example of every message kind, in registry order."""
-    every = _control_examples() + _data_examples() + _payload_examples()
+    every = _control_examples() + _data_examples() + _payload_examples() + _teaching_examples()
     by_kind = {msg.KIND: msg for msg in every}
-    return [by_kind[kind] for kind in m.MESSAGES]
+    return [by_kind[kind] for kind in MESSAGES]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print(f"golden vectors out of date: {', '.join(stale)}", file=sys.stderr)
         return 1
-    print(f"{'checked' if args.check else 'wrote'} {len(m.MESSAGES)} golden vectors in {args.out}")
+    print(f"{'checked' if args.check else 'wrote'} {len(MESSAGES)} golden vectors in {args.out}")
     return 0
 
 

@@ -1,18 +1,20 @@
 """Typed wire messages: one dataclass per message kind, and the registry KIND -> class
-(the field types they may use and the base classes: protocols/schema.py).
+(the field types they may use and the base classes: protocols/schema.py; the `Struct`
+records inside them: protocols/structs.py, re-exported here).
 
 Invariants:
-- Every message class has a unique `KIND` and appears in `MESSAGES`.
+- Every message class has a unique `KIND` and appears in `kinds.MESSAGES`.
 - Field types are limited to what the codec can carry (`schema.FIELD_KINDS`): int, float, str,
   bool, `X | None` of those, list[str|int|float|bool], dict[str, Any] and
   list[dict[str, Any]] of msgpack-native values, `Array` and `list[Array]`, and a `Struct`
   (`X` or `X | None`): a typed record of scalar and list fields that travels as a map.
 - Load-bearing data is typed (a `Struct` or plain fields), never read back from a free-form
-  map with a default. The `dict[str, Any]` fields left are free-form by nature: `Hello`'s
-  hardware fingerprint (nested device lists, NVML or CPU) and endpoints (named addresses);
-  `Welcome`'s config (the RunConfig as JSON, validated by pydantic on receipt) and peers (named
-  addresses); the task references (each task's own answer format, read by its reward
-  function); `Heartbeat.stats` and `Status`' services and counters (display only: shown by
+  map with a default: the addresses a trainer serves travel as `Endpoints` (in `Hello` and
+  `Welcome`). The `dict[str, Any]` fields left are free-form by nature: `Hello`'s hardware
+  fingerprint (nested device lists, NVML or CPU, advisory: it sets work shares); `Welcome`'s
+  config (the RunConfig as JSON, validated by pydantic on receipt); the task references (each
+  task's own answer format, read by its reward function, and always the hub's: a generator
+  sends none); `Heartbeat.stats` and `Status`' services and counters (display only: shown by
   `grpo-stream status`, never read back by the hub).
 - Ragged data is a flat array plus an int64 offsets array (len = items + 1), never lists
   of lists: item i is `flat[offsets[i]:offsets[i + 1]]`.
@@ -26,95 +28,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from grpo_stream.protocols.schema import Array as Array
 from grpo_stream.protocols.schema import Message as Message
 from grpo_stream.protocols.schema import Struct as Struct
+from grpo_stream.protocols.structs import BatchTotals as BatchTotals
+from grpo_stream.protocols.structs import Endpoints as Endpoints
+from grpo_stream.protocols.structs import GeneratorStats as GeneratorStats
+from grpo_stream.protocols.structs import SamplingParams as SamplingParams
+from grpo_stream.protocols.structs import StepStats as StepStats
 
 
 def _empty_uint8() -> Array:
-    import numpy as np
-
     return np.zeros(0, dtype=np.uint8)
 
 
 def _empty_float32() -> Array:
-    import numpy as np
-
     return np.zeros(0, dtype=np.float32)
 
 
 def _empty_int64() -> Array:
-    import numpy as np
-
     return np.zeros(0, dtype=np.int64)
-
-
-# ----- structs: typed records inside messages --------------------------------------------
-
-
-@dataclass
-class SamplingParams(Struct):
-    """How a group's completions were sampled. The hub sets it in PromptBatch, the generator
-    echoes it in Rollout, the hub in TrainBatch: the trainer computes log-probs at the
-    temperature the data was sampled with, not at one of its own config."""
-
-    temperature: float
-    top_p: float
-    max_tokens: int
-
-
-@dataclass
-class BatchTotals(Struct):
-    """The loss normalisers of a whole step: sequences and completion tokens over all of its
-    trainer ranks' shards (each rank normalises its part by these, so the ranks' averaged
-    gradients equal the single-process one)."""
-
-    num_seqs: int
-    num_tokens: int
-
-
-@dataclass
-class StepStats(Struct):
-    """What the hub knew when it served a step: reward, staleness and the ledger's counters
-    (cumulative), the buffer, and the generators' heartbeats. The trainer writes these into
-    metrics.jsonl with its own."""
-
-    reward_mean: float  # NaN: no finite reward in the step's groups
-    reward_std: float
-    pass_rate: float
-    staleness_mean: float  # versions behind the trainer, over the step's sequences
-    groups_dispatched: int
-    groups_trained: int
-    groups_filtered: int
-    groups_stale: int
-    groups_failed: int
-    groups_discarded: int
-    groups_in_progress: int
-    groups_redispatched: int
-    groups_duplicates_dropped: int
-    buffer_size: int
-    peers_lost: int
-    gen_instances: list[str]  # generators that reported a heartbeat, in registry order
-    gen_tokens_per_s: list[float]  # their throughput, in the same order
-    gen_wait_s: float  # their total time waiting for work
-
-
-@dataclass
-class GeneratorStats(Struct):
-    """A generator's counters in its heartbeat (throughput feeds the hub's work shares)."""
-
-    tokens_per_s: float  # while generating (idle time excluded)
-    wait_s: float  # total time waiting for work
-    version: int  # the policy version its engine holds
-    batches: int
-    prompts_total: int
-    busy_s: float
-
-
-STRUCTS: dict[str, type[Struct]] = {
-    cls.__name__: cls for cls in (SamplingParams, BatchTotals, StepStats, GeneratorStats)
-}
-"""Every struct class by its name (the annotation text of a struct field)."""
 
 
 @dataclass(eq=False)
@@ -129,8 +64,10 @@ class Hello(Message):
     capacity: int
     rank: int = 0
     fingerprint: dict[str, Any] = field(default_factory=dict)
-    endpoints: dict[str, Any] = field(default_factory=dict)
+    endpoints: Endpoints | None = None
+    """What a rank-0 trainer serves (None from every other service)."""
     auth: str = ""
+    """The Hello's signature with the run's secret (`grpo_stream.hub.auth`)."""
 
 
 @dataclass(eq=False)
@@ -141,7 +78,8 @@ class Welcome(Message):
     run_id: str
     config: dict[str, Any]
     config_digest: str
-    peers: dict[str, Any]
+    peers: Endpoints | None
+    """The trainer's endpoints (None until a rank-0 trainer announced them)."""
     policy_version: int
 
 
@@ -190,8 +128,6 @@ class Rollout(Message):
     group_id: int
     instance: str
     policy_version: int
-    prompt: str
-    reference: dict[str, Any]
     prompt_ids: Array  # int32 (Tp,)
     completion_ids: Array  # int32 (sum of completion lengths,): all G concatenated
     completion_offsets: Array  # int64 (G+1,)
@@ -274,6 +210,7 @@ class TrainBatch(Message):
     advantages: Array  # float32 (S,)
     rewards: Array  # float32 (S,)
     versions: Array  # int32 (S,): policy version that generated each sequence
+    group_offsets: Array  # int64 (N+1,): group i's sequences are [o[i], o[i+1])
     totals: BatchTotals  # the whole step's loss normalisers (all ranks' shards)
     sampling: SamplingParams  # how every sequence in it was sampled
     stats: StepStats
@@ -309,6 +246,9 @@ class WeightsRequest(Message):
     """Where the fetcher serves what it receives to others (None: it does not relay)."""
     direct: bool = False
     """Serve from this server, never redirect (a fetcher whose relay failed)."""
+    auth: str = ""
+    """With `relay`: the claim's signature with the run's secret (`transport.runsecret`);
+    a server with a secret makes no relay of a fetcher without a valid one."""
 
 
 @dataclass(eq=False)
@@ -341,6 +281,9 @@ class WeightsRedirect(Message):
     """The `have` the relay is being served with (its stream is a delta from it)."""
     address: str
     """The relay's ROUTER endpoint."""
+    checksum: int
+    """The version's checksum as the trainer announced it: the fetcher refuses a relay's
+    chunks that carry or add up to another one."""
 
 
 @dataclass(eq=False)
@@ -348,6 +291,9 @@ class StatusRequest(Message):
     """Ask the hub for the run's status."""
 
     KIND: ClassVar[str] = "status_request"
+    auth: str = ""
+    """Signed with the run's status key (`grpo_stream.hub.auth`): a hub with a secret answers
+    no request without a valid, fresh, unseen one."""
 
 
 @dataclass(eq=False)
@@ -358,6 +304,21 @@ class Status(Message):
     services: list[dict[str, Any]]
     counters: dict[str, Any]
     policy_version: int
+
+
+@dataclass(eq=False)
+class RolloutEvidence(Message):
+    """A trainer rank's evidence on the groups it just trained: per group, the mean absolute
+    gap between its own log-probs and the generator's behaviour log-probs per completion
+    token, the tokens counted, and how many versions behind the trained version the group
+    was (the hub quarantines a generator whose gap stays beyond a bound)."""
+
+    KIND: ClassVar[str] = "rollout_evidence"
+    step: int
+    group_ids: list[int]
+    gaps: list[float]
+    tokens: list[int]
+    staleness: list[int]
 
 
 @dataclass(eq=False)
@@ -378,7 +339,7 @@ class Shutdown(Message):
     reason: str
 
 
-MESSAGES: dict[str, type[Message]] = {
+CORE_MESSAGES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (
         Hello,
@@ -397,12 +358,9 @@ MESSAGES: dict[str, type[Message]] = {
         WeightsRedirect,
         StatusRequest,
         Status,
+        RolloutEvidence,
         Error,
         Shutdown,
     )
 }
-"""Every message class by its KIND."""
-
-from grpo_stream.protocols.payloads import PAYLOAD_MESSAGES  # noqa: E402 (it needs the above)
-
-MESSAGES.update(PAYLOAD_MESSAGES)
+"""The message classes of this module by KIND (`kinds.MESSAGES` adds the payload kinds)."""

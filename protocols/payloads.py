@@ -21,32 +21,17 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from grpo_stream.protocols.schema import Array, Message
-
-if TYPE_CHECKING:  # annotations only: messages.py imports this module to register its kinds
-    from grpo_stream.protocols.messages import BatchTotals, Rollout, SamplingParams, StepStats
+from grpo_stream.protocols.structs import BatchTotals, SamplingParams, StepStats
 
 DIGEST_BYTES = 16
 """blake2b digest size: 128 bits, hex on the wire (32 characters)."""
 
 PAYLOAD_ERRORS = ("payload_unknown_group", "payload_wrong_digest", "payload_evicted")
 """Error codes of a payload store: never stored here, stored with another digest, evicted."""
-
-
-def payload_digest(rollout: Rollout) -> str:
-    """The blake2b-128 digest (hex) of a Rollout's canonical encoding: every frame, each
-    prefixed by its length so frame boundaries count."""
-    from grpo_stream.protocols.codec import encode
-
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    for frame in encode(rollout):
-        h.update(len(frame).to_bytes(8, "little"))
-        h.update(frame)
-    return h.hexdigest()
 
 
 @dataclass(eq=False)
@@ -127,10 +112,11 @@ class PayloadLost(Message):
     trainer_version: int = -1
     attempt: int = 0
     codes: list[str] = field(default_factory=list)
-    """Why, per group: a `PAYLOAD_ERRORS` code, "unreachable" or "mismatch"."""
+    """Why, per group: a `PAYLOAD_ERRORS` code, "unreachable", "mismatch", or "refused" (a
+    scorer's content checks failed: `grpo_stream.hub.content`)."""
 
 
 PAYLOAD_MESSAGES: dict[str, type[Message]] = {
     cls.KIND: cls for cls in (RolloutMeta, ScoreRef, PayloadRequest, TrainBatchRef, PayloadLost)
 }
-"""The direct-payload kinds (merged into `messages.MESSAGES`)."""
+"""The direct-payload kinds (with the core kinds in `kinds.MESSAGES`)."""

@@ -1,10 +1,11 @@
 """The wire's type system: which field types a message may have (`FIELD_KINDS`), each
 message's and struct's field list as the codec sees it (`schema`), and the two base classes
-(`Message`, `Struct`). The message kinds themselves are in protocols/messages.py.
+(`Message`, `Struct`). The message kinds themselves are in protocols/messages.py, the
+structs in protocols/structs.py.
 
 Invariants:
 - `schema(cls)` is the declaration order of `cls`'s fields (the wire order), each with one
-  kind from `FIELD_KINDS` or "struct" (a class registered in messages.STRUCTS); any other
+  kind from `FIELD_KINDS` or "struct" (a class registered in `STRUCTS`); any other
   annotation, an optional array, or an array or struct inside a struct is a TypeError when
   the schema is first built.
 - Equality of messages compares arrays by dtype, shape and bytes (NaN == NaN bit for bit).
@@ -13,14 +14,10 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import Any, ClassVar, Literal
 
-import numpy.typing as npt
-
+from grpo_stream.protocols.arrays import Array as Array
 from grpo_stream.protocols.arrays import arrays_equal
-
-Array: TypeAlias = npt.NDArray[Any]
-"""An n-dimensional array field: one raw frame on the wire, dtype and shape in the header."""
 
 FieldKind = Literal[
     "int",
@@ -73,6 +70,9 @@ class Struct:
     level of nesting, so decoding depth stays bounded). Registered in `STRUCTS`."""
 
 
+STRUCTS: dict[str, type[Struct]] = {}
+"""Every struct class by its name (the annotation text of a struct field); the module that
+defines a struct registers it here (structs.py)."""
 _SCHEMAS: dict[str, tuple[FieldSpec, ...]] = {}
 
 
@@ -88,7 +88,7 @@ def schema(cls: type[Message] | type[Struct]) -> tuple[FieldSpec, ...]:
         text = str(f.type).replace(" ", "")
         optional = text.endswith("|None")
         base = text.removesuffix("|None")
-        struct = _structs().get(base)
+        struct = STRUCTS.get(base)
         matches = [kind for ann, kind in FIELD_KINDS.items() if ann.replace(" ", "") == base]
         if struct is not None:
             matches = ["struct"]
@@ -105,12 +105,6 @@ def schema(cls: type[Message] | type[Struct]) -> tuple[FieldSpec, ...]:
 
 def _same_array(a: Any, b: Any) -> bool:
     return arrays_equal(a, b)
-
-
-def _structs() -> dict[str, type[Struct]]:
-    from grpo_stream.protocols.messages import STRUCTS  # messages imports this module
-
-    return STRUCTS
 
 
 @dataclass(eq=False)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import structlog
 
+from grpo_stream.agents.player import AgentPlayer
+from grpo_stream.engines.hf import HFEngine
+from grpo_stream.evaluator.online import OnlineEval
 from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.transport.fetch import WeightsWatcher
 
@@ -35,7 +38,8 @@ class Announcements:
 
     def poll(self) -> int | None:
         """The latest announced version so far (None: none yet)."""
-        address = self.link.peers.get("announce")
+        peers = self.link.peers
+        address = None if peers is None else peers.announce
         if address is not None and address != self.watched:
             if self.watcher is not None:
                 self.watcher.close()
@@ -56,9 +60,6 @@ class Announcements:
 
 
 def serve_evaluator(link: Session) -> int:
-    from grpo_stream.engines.hf import HFEngine
-    from grpo_stream.evaluator.online import OnlineEval
-
     cfg = link.cfg
     stop = link.stop
     if cfg.eval.every == 0:  # started by hand on a run that does not evaluate
@@ -70,27 +71,34 @@ def serve_evaluator(link: Session) -> int:
     follow.poll()  # subscribe before the first evaluation: a fast trainer announces meanwhile
     engine = HFEngine.from_settings(cfg.model, cfg.transport, link.security, cfg.eval.device)
     online = OnlineEval.build(cfg, engine.tokenizer)
+    agents = None
+    if cfg.env.agent is not None:  # an agent run is evaluated through the agent's endpoint
+        agents = AgentPlayer(cfg.env, engine, engine.tokenizer, cfg.model.name_or_path,
+                             lambda: stop.set).__enter__()  # fmt: skip
     try:
-        online.run(engine, step=engine.version)
+        online.run(engine, step=engine.version, agents=agents)
         due = next_due(engine.version, cfg.eval.every)
         while not stop.set:
             link.recv(timeout_ms=50)  # Welcome (new trainer addresses), Shutdown
             announced = follow.poll()
-            if "weights" not in link.peers:
+            peers = link.peers
+            if peers is None:
                 continue
             # subscribed after the trainer announced (a Welcome naming it came late): what it
             # announced before is lost to us, so ask its server once for the newest version
             late = announced is None and follow.take_late()
             if not late and (announced is None or announced < due):
                 continue
-            version = engine.update_from_server(link.peers["weights"], -1)
+            version = engine.update_from_server(peers.weights, -1)
             if version >= due:
-                online.run(engine, step=version)
+                online.run(engine, step=version, agents=agents)
                 due = next_due(version, cfg.eval.every)
             link.stats.update(evaluated_version=version)
     finally:
         follow.close()
         online.close()
+        if agents is not None:
+            agents.__exit__()
         engine.close()
     return 0
 

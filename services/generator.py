@@ -7,7 +7,12 @@ Invariants:
 - weights are applied between batches, a whole version at a time; with
   generator.inflight_updates they are fetched on a thread and also swapped in between
   decoding steps (hf), and each Rollout then carries per-token version runs whose oldest is
-  its policy_version.
+  its policy_version;
+- a streaming engine (vllm) runs `generator_stream.StreamLoop` instead of the batch loop:
+  each prompt is its own request and each group is sent as soon as it is done; versions are
+  fetched and applied in the background (the engine pauses vLLM around each);
+- an engine that cannot go on (its process died, a version failed twice) ends the service
+  with `EXIT_ENGINE_FAILED` (`generator_main`, which builds the engine and runs the service).
 """
 
 from __future__ import annotations
@@ -15,17 +20,20 @@ from __future__ import annotations
 import time
 from collections import deque
 
-import numpy as np
 import structlog
 
 from grpo_stream.config import RunConfig
-from grpo_stream.engines import Completion, Engine, GroupSample, make_engine
+from grpo_stream.engines import Engine, GroupSample
+from grpo_stream.engines.hf import HFEngine
 from grpo_stream.engines.inflight import InflightEngine
-from grpo_stream.envs.service import EpisodePlayer
+from grpo_stream.engines.streaming import StreamingEngine
+from grpo_stream.envs.service import Player, episode_rollout
 from grpo_stream.hub.payload_store import PayloadOutbox, Sender
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.session.service import Join, Session, run_service
+from grpo_stream.services.generator_stream import Hooks, StreamLoop
+from grpo_stream.services.rollouts import empty_rollout, group_rollout
+from grpo_stream.session.service import Session
 from grpo_stream.transport.errors import TransportError
 from grpo_stream.transport.fetch import WeightsWatcher
 
@@ -41,10 +49,11 @@ class Generator:
         link: Session,
         engine: Engine,
         throttle: float = 1.0,
-        player: EpisodePlayer | None = None,
+        player: Player | None = None,
+        weights_noise: float = 0.0,
     ) -> None:
         self.link = link
-        self.player = player  # plays batches as episodes (env.name set)
+        self.player = player  # plays batches as episodes (env.name or env.agent set)
         self.engine = engine
         self.stop = link.stop
         self.queue: deque[m.PromptBatch] = deque()
@@ -58,6 +67,7 @@ class Generator:
         self.wait_s = 0.0
         self.batches = 0
         self.throttle = throttle
+        self.weights_noise = weights_noise  # test hook: sample from another model (`_perturb`)
         self.prompts_total = 0
         self.tokens_total = 0
         self.busy_s = 0.0
@@ -67,9 +77,13 @@ class Generator:
         self.apply_s = 0.0  # main-thread seconds spent fetching/applying weights
         self._restarts = 0  # trainer restarts seen (a background fetch started before one is old)
         self._fetch_started: tuple[float, int] | None = None  # background fetch: (t0, restarts)
+        # episodes play whole batches; any other work streams when the engine can
+        self.streaming = player is None and isinstance(engine, StreamingEngine)
         self.out: Sender = link  # hub.payloads = "direct": Rollouts stay in our store
         if self.cfg.hub.payloads == "direct":
-            self.out = PayloadOutbox(link, link.ctx, self.cfg, link.security)
+            self.out = PayloadOutbox(
+                link, link.ctx, self.cfg, link.security, guarded=link.secret is not None
+            )
         link.on_rejoin(self._rejoined)
 
     @property
@@ -84,8 +98,12 @@ class Generator:
         self.announced = max(self.announced, self.link.policy_version)
 
     def serve(self) -> None:
+        self._perturb()
         try:
-            self._serve()
+            if isinstance(self.engine, StreamingEngine) and self.streaming:
+                self._stream(self.engine)
+            else:
+                self._serve()
         finally:
             if isinstance(self.out, PayloadOutbox):
                 self.out.close()
@@ -108,6 +126,25 @@ class Generator:
             self._generate(batch)
             self.link.replenish(len(batch.prompts))
 
+    def _stream(self, engine: StreamingEngine) -> None:
+        hooks = Hooks(
+            turn=self._stream_turn, version_ready=self._version_ready,
+            send=self._send_rollout, account=self._account, waited=self._waited,
+        )  # fmt: skip
+        StreamLoop(engine, self.link, self.queue, self.cfg.run.seed, hooks).run(self.credits)
+
+    def _stream_turn(self) -> None:
+        """One turn of the streaming loop: the hub's messages, the trainer's versions (a
+        newer one is fetched and applied in the background)."""
+        self._receive(timeout_ms=0)
+        self._poll_weights()
+        behind = self.announced > self.engine.version or self.reload
+        if (behind or self._fetch_started is not None) and self.link.peers is not None:
+            self._fetch_weights()
+
+    def _waited(self, seconds: float) -> None:
+        self.wait_s += seconds
+
     def _receive(self, timeout_ms: int) -> None:
         msg = self.link.recv(timeout_ms)
         while msg is not None:
@@ -118,7 +155,8 @@ class Generator:
     def _poll_weights(self) -> None:
         """Follow the trainer's announcements. A new announce address means a restarted
         trainer, whose versions restart from its checkpoint: reload from it in any case."""
-        address = self.link.peers.get("announce")
+        peers = self.link.peers
+        address = None if peers is None else peers.announce
         if address is not None and address != self.watched:
             if self.watcher is not None:
                 self.watcher.close()
@@ -135,12 +173,19 @@ class Generator:
 
     def _ensure_version(self, min_version: int) -> bool:
         """Apply the trainer's newest version when one was announced (or, on joining, when
-        the hub says the trainer is ahead of us), then check the batch's `min_version`.
-        If that version does not come within the heartbeat deadline (the trainer rolled a
-        step back, say), generate anyway: the hub drops what is too stale, counted."""
+        the hub says the trainer is ahead of us), then check the batch's `min_version`."""
         behind = self.announced > self.engine.version or self.reload
-        if (behind or self._fetch_started is not None) and "weights" in self.link.peers:
+        if (behind or self._fetch_started is not None) and self.link.peers is not None:
             self._fetch_weights()
+        if self._version_ready(min_version):
+            return True
+        self._receive(timeout_ms=20)  # let the trainer publish
+        return False
+
+    def _version_ready(self, min_version: int) -> bool:
+        """The engine holds `min_version` or newer. If that version does not come within the
+        heartbeat deadline (the trainer rolled a step back, say), generate anyway: the hub
+        drops what is too stale, counted."""
         now = time.monotonic()
         if self.engine.version >= min_version:
             self._waiting_since = None
@@ -151,7 +196,6 @@ class Generator:
             log.warning("weights.wait_expired", need=min_version, have=self.engine.version)
             self._waiting_since = None
             return True
-        self._receive(timeout_ms=20)  # let the trainer publish
         return False
 
     def _fetch_weights(self) -> None:
@@ -162,8 +206,12 @@ class Generator:
         now = time.monotonic()
         if now < self._fetch_retry_at:
             return
-        address = self.link.peers["weights"]
-        if isinstance(self.engine, InflightEngine) and self.cfg.generator.inflight_updates:
+        peers = self.link.peers
+        if peers is None:
+            return
+        address = peers.weights
+        background = self.cfg.generator.inflight_updates or self.streaming
+        if isinstance(self.engine, InflightEngine) and background:
             self._fetch_in_background(self.engine, address)
             return
         t0 = time.perf_counter()
@@ -215,6 +263,22 @@ class Generator:
         self._fetch_failures = 0
         self.announced = version  # the server's newest is the truth
         log.info("weights.applied", version=version, seconds=round(seconds, 4))
+        self._perturb()
+
+    def _perturb(self) -> None:
+        """Test hook (`--fault-weights-noise`): the weights just applied times (1 + noise x
+        N(0, 1)), so this generator samples from another model than the version it claims
+        (what verified rollouts must catch)."""
+        if self.weights_noise <= 0:
+            return
+        import torch  # heavy: this module loads it only where a service runs (generator_main)
+
+        if not isinstance(self.engine, HFEngine):
+            raise ValueError("--fault-weights-noise needs generator.engine = 'hf'")
+        with torch.no_grad():
+            for p in self.engine.model.parameters():
+                p.mul_(1 + self.weights_noise * torch.randn_like(p))
+        log.warning("weights.perturbed", noise=self.weights_noise, version=self.engine.version)
 
     def between_steps(self) -> None:
         """In-flight updates (the engine calls this between decoding steps): follow the
@@ -222,7 +286,7 @@ class Generator:
         self._poll_weights()
         pending = self._fetch_started is not None
         if (self.announced > self.engine.version or self.reload or pending) and (
-            "weights" in self.link.peers
+            self.link.peers is not None
         ):
             self._fetch_weights()
 
@@ -244,16 +308,12 @@ class Generator:
             time.sleep((self.throttle - 1) * seconds)
             seconds *= self.throttle
         tokens = 0
-        for gid, prompt, ref, sample in zip(
-            batch.group_ids, batch.prompts, batch.references, samples, strict=False
-        ):
-            tokens += self._send_rollout(batch, int(gid), prompt, dict(ref), sample, seconds)
+        for gid, sample in zip(batch.group_ids, samples, strict=False):
+            tokens += self._send_rollout(batch, int(gid), sample, seconds)
         self._account(len(samples), tokens, seconds)
 
     def _play(self, batch: m.PromptBatch) -> None:
         """The batch as episodes against the environment (env.name set)."""
-        from grpo_stream.envs.service import episode_rollout
-
         player = self.player
         if player is None:
             raise RuntimeError("episodes need an EpisodePlayer (env.name set)")
@@ -262,23 +322,17 @@ class Generator:
         groups = player.play(batch, seed)
         seconds = time.perf_counter() - t0
         tokens = 0
-        for gid, prompt, ref, eps in zip(
-            batch.group_ids, batch.prompts, batch.references, groups, strict=True
-        ):
-            head = _rollout(batch, int(gid), self.link.instance, self.engine.version,
-                            prompt, dict(ref), seconds)  # fmt: skip
+        for gid, eps in zip(batch.group_ids, groups, strict=True):
+            head = empty_rollout(batch, int(gid), self.link.instance, self.engine.version,
+                                 seconds)  # fmt: skip
             rollout = episode_rollout(head, eps)
             tokens += int(rollout.loss_mask.sum())
             self.link.send(rollout)
-        self.link.stats.update(
-            episodes=player.episodes,
-            episodes_failed=player.failed,
-            episodes_truncated=player.truncated,
-        )
+        self.link.stats.update(player.stats())
         self._account(len(groups), tokens, seconds)
 
-    def _account(self, prompts: int, tokens: int, seconds: float) -> None:
-        self.batches += 1
+    def _account(self, prompts: int, tokens: int, seconds: float, batches: int = 1) -> None:
+        self.batches += batches
         self.prompts_total += prompts
         self.tokens_total += tokens
         self.busy_s += seconds
@@ -298,118 +352,10 @@ class Generator:
         self,
         batch: m.PromptBatch,
         group_id: int,
-        prompt: str,
-        ref: dict[str, object],
         sample: GroupSample,
         seconds: float,
     ) -> int:
-        comps = sample.completions
-        lengths = [len(c.token_ids) for c in comps]
-        offsets = np.zeros(len(comps) + 1, dtype=np.int64)
-        offsets[1:] = np.cumsum(lengths)
-        flat_ids = [t for c in comps for t in c.token_ids]
-        flat_lp = [lp for c in comps for lp in c.logprobs]
-        starts, versions = token_version_runs(comps, offsets, self.engine.version)
-        self.out.send(
-            m.Rollout(
-                lease_id=batch.lease_id,
-                group_id=group_id,
-                instance=self.link.instance,
-                policy_version=min(versions),
-                prompt=prompt,
-                reference=ref,
-                prompt_ids=np.array(sample.prompt_ids, dtype=np.int32),
-                completion_ids=np.array(flat_ids, dtype=np.int32),
-                completion_offsets=offsets,
-                logprobs=np.array(flat_lp, dtype=np.float32),
-                texts=[c.text for c in comps],
-                truncated=[c.truncated for c in comps],
-                gen_seconds=seconds,
-                sampling=batch.sampling,
-                token_version_starts=_on_wire(starts, versions),
-                token_versions=_on_wire(versions, versions),
-            )
-        )
-        return int(offsets[-1])
-
-
-def token_version_runs(
-    comps: list[Completion], offsets: np.ndarray, version: int
-) -> tuple[list[int], list[int]]:
-    """(starts in the flat completion ids, versions) of the group's runs of tokens sampled
-    with one version; a completion without runs was sampled wholly by `version`."""
-    starts: list[int] = []
-    versions: list[int] = []
-    for c, off in zip(comps, offsets[:-1].tolist(), strict=True):
-        for start, v in c.version_runs or [(0, version)]:
-            if not versions or versions[-1] != v:
-                starts.append(off + start)
-                versions.append(v)
-    return starts or [0], versions or [version]
-
-
-def _on_wire(values: list[int], versions: list[int]) -> np.ndarray:
-    """A run field of the Rollout: empty (the wire as before) when one version sampled all."""
-    return np.array(values if len(set(versions)) > 1 else [], dtype=np.int64)
-
-
-def _rollout(
-    batch: m.PromptBatch,
-    group_id: int,
-    instance: str,
-    version: int,
-    prompt: str,
-    ref: dict[str, object],
-    seconds: float,
-) -> m.Rollout:
-    """A Rollout with its identity filled in and no completions yet."""
-    empty = np.zeros(0, dtype=np.int32)
-    return m.Rollout(
-        lease_id=batch.lease_id, group_id=group_id, instance=instance, policy_version=version,
-        prompt=prompt, reference=ref, prompt_ids=empty, completion_ids=empty,
-        completion_offsets=np.zeros(1, dtype=np.int64), logprobs=np.zeros(0, dtype=np.float32),
-        texts=[], truncated=[], gen_seconds=seconds, sampling=batch.sampling,
-    )  # fmt: skip
-
-
-def run_generator(join: Join, throttle: float = 1.0) -> int:
-    return run_service(join, lambda session: serve_generator(session, throttle))
-
-
-def serve_generator(session: Session, throttle: float = 1.0) -> int:
-    """Build the engine from the run's config, serve until stopped."""
-    import torch
-
-    cfg = session.cfg
-    torch.manual_seed(cfg.run.seed)
-    engine = make_engine(
-        cfg.generator.engine,
-        cfg.model,
-        cfg.generator,
-        cfg.transport,
-        session.security,
-        lora=cfg.trainer.lora,
-        weights=cfg.weights,
-    )
-    log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
-    player = None
-    if cfg.env.enabled:
-        from grpo_stream.engines.hf import HFEngine
-        from grpo_stream.engines.vllm import VLLMEngine
-
-        if not isinstance(engine, HFEngine | VLLMEngine):  # both have complete and tokenizer
-            raise ValueError("env.name needs generator.engine = 'hf' or 'vllm'")
-        player = EpisodePlayer(cfg.env, engine, engine.tokenizer, cfg.task.chat_template)
-        player.__enter__()
-    try:
-        generator = Generator(
-            session, engine, throttle=max(throttle, cfg.generator.throttle), player=player
-        )
-        if cfg.generator.inflight_updates and isinstance(engine, InflightEngine):
-            engine.enable_inflight(generator.between_steps, cfg.generator.inflight_kv == "keep")
-        generator.serve()
-    finally:
-        if player is not None:
-            player.__exit__()
-        engine.close()
-    return 0
+        rollout = group_rollout(batch, group_id, self.link.instance, sample, seconds,
+                                self.engine.version)  # fmt: skip
+        self.out.send(rollout)
+        return len(rollout.completion_ids)

@@ -4,7 +4,8 @@ Invariants (see `grpo_stream.hub.ledger`):
 - every dispatched group reaches the trainer at most once for its first use, and ends exactly
   once as trained, filtered, stale or failed;
 - nothing staler than `hub.max_staleness` policy versions ships in a TrainBatch;
-- nothing is pushed to a worker that did not ask: generators and scorers pull with credits.
+- nothing is pushed to a worker that did not ask: generators, scorers and teachers pull with
+  credits.
 
 The loop: `while running: poll the ROUTER; handle what arrived (a bounded burst); dispatch;
 answer batch requests; check heartbeats and leases (every EXPIRY_EVERY_S); checkpoint now
@@ -14,27 +15,27 @@ and then`.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import numpy as np
 import structlog
 
-from grpo_stream.algo.advantages import batch_window, stream_batch_std
+# hub.batches.assemble needs torch: loaded at start, not on the first Scored, where seconds
+# of import would stall the loop past every peer's heartbeat deadline
+import torch  # noqa: F401
+
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
-from grpo_stream.hub.batches import assemble, failure_streak, step_stats
+from grpo_stream.hub.batches import step_stats
 from grpo_stream.hub.direct import DirectPayloads
 from grpo_stream.hub.dispatch import Dispatcher
-from grpo_stream.hub.episodes import check_episode, is_episode, scored_by_env
+from grpo_stream.hub.intake import Intake
 from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
@@ -42,11 +43,18 @@ from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
+from grpo_stream.hub.status import hub_status
+from grpo_stream.hub.teaching import step_kl
+from grpo_stream.hub.trust import TrustGate
 from grpo_stream.hub.watchdog import Watchdog
+from grpo_stream.models.loading import load_tokenizer
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import PayloadLost, RolloutMeta
+from grpo_stream.protocols.teaching import Taught
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.session.hub import HubSessions
+from grpo_stream.tasks import make_task
+from grpo_stream.transport.runsecret import resolve_secret
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
 log = structlog.get_logger()
@@ -57,61 +65,69 @@ DRAIN_S = 0.005
 """Longest time spent handling messages between two ticks."""
 EXPIRY_EVERY_S = 0.1
 """How often the heartbeat and lease deadlines are checked (both are seconds or more)."""
+SILENT = ("silent", "bad_seal")
+"""How a peer is gone without a word: lost past its deadline, or dropped for a bad seal."""
 
 
 class Grouper:
     """The hub service."""
 
-    def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
-        # `assemble` needs torch: import it now, not on the first Scored, where seconds of
-        # import would stall the loop past every peer's heartbeat deadline
-        import torch  # noqa: F401
-
-        from grpo_stream.tasks import make_task
-
+    def __init__(self, cfg: RunConfig, resume: bool = False, secret: bytes | None = None) -> None:
         self.cfg = cfg
+        # the run's secret: given (the CLI resolves it, environment included), else the file
+        self.secret = secret or resolve_secret(cfg.security.secret_file, {})
         self.run_id = uuid.uuid4().hex[:12]
         self.run_dir = Path(cfg.run.run_dir)
-        tokenizer = None
-        if cfg.task.chat_template:  # prompts are rendered with the model's chat template
-            from grpo_stream.models.loading import load_tokenizer
-
+        tokenizer = None  # to render prompts (chat template) and check rollouts' content
+        if cfg.task.chat_template or cfg.security.check_content:
             tokenizer = load_tokenizer(cfg.model.name_or_path)
         self.task = make_task(cfg.task, tokenizer=tokenizer)
         hub = cfg.hub
-        self.ledger = Ledger(hub.groups_per_step, hub.max_staleness, hub.lease_timeout_s)
+        self.ledger = Ledger(
+            hub.groups_per_step, hub.max_staleness, hub.lease_timeout_s, hub.max_refill_ratio,
+            hub.refill_ahead, cfg.teacher.timeout_s,
+        )  # fmt: skip
         self.buffer = ReplayBuffer(
             hub.replay.capacity, hub.replay.reuse, hub.replay.sampling, cfg.run.seed
         )
         self.registry = Registry(cfg.transport.heartbeat_timeout_s)
         self.rollouts: dict[int, m.Rollout] = {}
-        self.recent_rewards: deque[float] = deque(  # scale="batch": one batch's rewards
-            maxlen=batch_window(hub.groups_per_step, cfg.generator.group_size)
+        self.trust = TrustGate(
+            cfg, self.task, self.ledger, self.buffer, self.rollouts, self._refuse, tokenizer
         )
-        self.window_rewards: list[float] = []  # rewards of groups filtered since the last batch
         self.shares = ShareBook(cfg.hardware)
         self.dispatcher = Dispatcher(
             cfg, self.ledger, self.registry, self.shares, self.task, self._send
         )
         self.journal = SendJournal(self.run_dir / "hub" / "sent.journal")
         self.desk = BatchDesk(
-            hub, self.ledger, self.buffer, self._send, self._batch_stats, self.journal
-        )
+            hub, self.ledger, self.buffer, self._send, self._batch_stats, self.journal,
+            crash_limit=cfg.security.batch_crash_limit, checkpoint=self._checkpoint,
+        )  # fmt: skip
         self.direct: DirectPayloads | None = None  # hub.payloads = "direct"
         if hub.payloads == "direct":  # payloads stay with their generators
             self.direct = DirectPayloads(
                 cfg.generator.group_size, self.task, self.ledger, self.desk, self.rollouts,
                 self._refuse, self._checkpoint,
             )  # fmt: skip
+        self.intake = Intake(
+            cfg, self.ledger, self.buffer, self.trust, self.rollouts, self.direct, self._refuse,
+            self._abort,
+        )  # fmt: skip
+        self.teaching = self.intake.teaching  # algo.distill.teacher: groups wait for it
         self.ctx = make_context()
-        self.server = Server(self.ctx, hub.bind, cfg.transport, cfg.security, name="hub")
+        self.server = Server(
+            self.ctx, hub.bind, cfg.transport, cfg.security, name="hub",
+            guarded=self.secret is not None, setting="hub.bind",
+        )  # fmt: skip
         self.sessions = HubSessions(
-            cfg, self.server, self.registry, self.ledger, self.shares, self, self._refuse
-        )
+            cfg, self.server, self.registry, self.ledger, self.shares, self, self._refuse,
+            self.secret,
+        )  # fmt: skip
+        self.sessions.on_gone.append(self._peer_gone)
         self._stop = False
         self._exit_code = 0
         self._shutdown_reason = "hub stopping"
-        self._failed_in_row = 0  # groups in a row whose every reward failed
         self._warn = RateLimit()
         self._last_ckpt = time.monotonic()
         self._next_expiry = 0.0  # the next check of heartbeat and lease deadlines
@@ -159,6 +175,9 @@ class Grouper:
                 rejected=dict(self.server.rejected),
                 dispatched_to=dict(self.dispatcher.dispatched),
                 tokens_per_s=dict(self.shares.measured),
+                verify_worst={k: round(v, 4) for k, v in self.trust.verifier.worst.items()},
+                verify_groups=dict(self.trust.verifier.judged),
+                quarantined=sorted(self.trust.quarantined),
                 generators={p.instance: p.describe() for p in self.registry.of("generator")},
             )
             self.server.close()
@@ -188,11 +207,7 @@ class Grouper:
         self.shares.maybe_refit(now)
         if now >= self._next_expiry:  # scans every peer and lease: a few times a second
             self._next_expiry = now + EXPIRY_EVERY_S
-            for peer in self.sessions.expire(now):
-                if peer.service == "trainer":
-                    self.desk.drop(peer.identity)
-                elif peer.service == "generator" and self.direct is not None:
-                    self.direct.holder_lost(peer.instance, "silent")
+            self.sessions.expire(now)
             expired = self.ledger.expire(now)
             if expired:
                 log.warning("lease.expired", groups=expired)
@@ -209,7 +224,11 @@ class Grouper:
     # ----- messages -------------------------------------------------------------------
     def _handle(self, identity: bytes, msg: m.Message) -> None:
         if isinstance(msg, m.StatusRequest):
-            self.server.send(identity, self._status())
+            if self.sessions.may_read_status(identity, msg):
+                status = hub_status(
+                    self.ledger, self.registry, len(self.buffer), self.server.rejected
+                )
+                self.server.send(identity, status)
             return
         if self.direct is not None:  # a generator leaving or restarted takes its payloads
             self.direct.before_session(identity, msg, self.registry)
@@ -219,13 +238,15 @@ class Grouper:
         if peer is None:
             return
         handlers: dict[type[m.Message], Callable[[Peer, Any], None]] = {
-            m.Scored: self._on_scored,
+            m.Scored: self.intake.on_scored,
             m.BatchRequest: self._on_batch_request,
+            m.RolloutEvidence: lambda _, msg: self.trust.evidence(msg),
+            Taught: self.intake.on_taught,
         }
         if self.direct is None:
-            handlers[m.Rollout] = self._on_rollout
+            handlers[m.Rollout] = self.intake.on_rollout
         else:
-            handlers.update({RolloutMeta: self.direct.on_meta, PayloadLost: self.direct.on_lost})
+            handlers.update({RolloutMeta: self.intake.on_meta, PayloadLost: self.direct.on_lost})
         handler = handlers.get(type(msg))
         wrong_role = guard.check_role(peer.service, msg)
         if wrong_role is not None:
@@ -241,71 +262,34 @@ class Grouper:
 
     def _refuse(self, identity: bytes, code: str, reason: str, kind: str) -> None:
         """A message that fails a check against the hub's state: counted, answered, logged
-        (rate-limited); nothing changed."""
+        (rate-limited; an error event for what only an untrusted sender does, `guard.TRUST`);
+        nothing changed."""
         self.server.rejected[code] += 1
         count = self._warn.allow(f"refused:{code}")
         if count is not None:
-            log.warning("hub.refused", code=code, reason=reason, kind=kind, count=count)
+            emit = log.error if code in guard.TRUST else log.warning
+            emit("hub.refused", code=code, reason=reason, kind=kind, count=count)
         self.server.send(identity, m.Error(code=code, message=reason, in_reply_to=kind))
+
+    def _peer_gone(self, peer: Peer, why: str) -> None:
+        """A peer lost (silent), left, dropped (bad seal) or restarted: the ledger has what
+        it held back; here, what the grouper keeps besides."""
+        if peer.service == "trainer":
+            self.desk.drop(peer.identity)
+            if peer.rank == 0 and why != "done":
+                self.desk.trainer_died()
+        elif peer.service == "generator" and self.direct is not None and why in SILENT:
+            self.direct.holder_lost(peer.instance, why)  # (restarts and leaving: `direct`)
+
+    @property
+    def window_rewards(self) -> list[float]:
+        """Rewards of the groups filtered as zero-signal since the last step served."""
+        return self.intake.window_rewards
 
     @property
     def policy_version(self) -> int:
         """The trainer's version as the Ledger (its one owner) knows it: told in Welcome."""
         return self.ledger.trainer_version
-
-    def _on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
-        refused = guard.check_rollout(msg, self.cfg.generator.group_size)
-        if refused is None and is_episode(msg):
-            refused = check_episode(msg)
-        if refused is not None:
-            self._refuse(peer.identity, "bad_rollout", refused, msg.KIND)
-            return
-        if not self.ledger.accept_rollout(msg.group_id):
-            return
-        if self.ledger.is_stale(msg.policy_version):  # the oldest token's (guard checked)
-            self.ledger.finish(msg.group_id, "stale")
-            return
-        self.rollouts[msg.group_id] = msg
-        if is_episode(msg):  # scored by its environment while played: no scorer needed
-            self._on_scored(peer, scored_by_env(msg))
-
-    def _on_scored(self, peer: Peer, msg: m.Scored) -> None:
-        refused = guard.check_scored(msg, self.rollouts.get(msg.group_id))
-        if refused is not None:
-            self._refuse(peer.identity, "bad_scored", refused, msg.KIND)
-            return
-        rollout = self.rollouts.pop(msg.group_id, None)
-        if rollout is None or not self.ledger.accept_scored(msg.group_id):
-            return
-        for err in msg.errors[:3]:
-            count = self._warn.allow("reward.error")
-            if count is not None:
-                log.warning("reward.error", group_id=msg.group_id, error=err, count=count)
-        finite = [float(r) for r in msg.rewards if np.isfinite(r)]
-        self.recent_rewards.extend(finite)
-        algo = self.cfg.algo
-        std = stream_batch_std(self.recent_rewards) if algo.advantage.scale == "batch" else None
-        got = assemble(rollout, msg, algo.advantage, std, algo.returns, algo.gamma)
-        if self.direct is not None:
-            self.direct.attach(got.group)
-        self._count_failure(msg, got.failed)
-        if got.failed:
-            self.ledger.finish(msg.group_id, "failed")
-        elif got.zero_signal and self.cfg.algo.advantage.filter_zero_signal:
-            self.window_rewards.extend(finite)
-            self.ledger.finish(msg.group_id, "filtered")
-        else:
-            for evicted in self.buffer.add(got.group):
-                if evicted.uses == 0:
-                    self.ledger.finish(evicted.group_id, "stale")
-
-    def _count_failure(self, msg: m.Scored, failed: bool) -> None:
-        """Groups whose every reward failed, in a row: past `run.abort_after_failed_groups`
-        the run cannot learn anything, so it stops, with one line naming the reward."""
-        self._failed_in_row = self._failed_in_row + 1 if failed else 0
-        reason = failure_streak(msg, self._failed_in_row, self.cfg.run.abort_after_failed_groups)
-        if reason is not None:
-            self._abort(reason)
 
     def _abort(self, reason: str) -> None:
         log.error("run.aborted", error=reason)
@@ -314,7 +298,7 @@ class Grouper:
         self._shutdown_reason = f"aborted: {reason}"
 
     def _on_batch_request(self, peer: Peer, msg: m.BatchRequest) -> None:
-        refused = guard.check_batch_request(msg, self.desk, self.cfg.trainer.ranks)
+        refused = self.desk.refusal(msg, self.cfg.trainer.ranks)
         if refused is not None:
             self._refuse(peer.identity, "bad_batch_request", refused, msg.KIND)
             return
@@ -322,37 +306,24 @@ class Grouper:
 
     # ----- work out ---------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
-        self.dispatcher.generators(now)
+        self.dispatcher.generators(now, self.trust.quarantined)
         self.dispatcher.scorers(now, self.rollouts, self.direct)
+        if self.teaching is not None:
+            self.dispatcher.teachers(now, self.teaching)
 
     def _batch_stats(self, groups: list[Group]) -> m.StepStats:
         """A step's statistics; the filtered groups' rewards start a new window."""
         stats = step_stats(
             groups,
-            self.window_rewards,
+            self.intake.window_rewards,
             self.ledger,
             self.registry.of("generator"),
             len(self.buffer),
             self.registry.lost_total,
+            step_kl(groups),
         )
-        self.window_rewards = []
+        self.intake.window_rewards = []
         return stats
-
-    def _status(self) -> m.Status:
-        counters = {
-            **self.ledger.summary(),
-            "buffer": len(self.buffer),
-            "to_score": len(self.ledger.to_score),
-            "retry": len(self.ledger.retry),
-            "peers_lost": self.registry.lost_total,
-            "rejected": sum(self.server.rejected.values()),
-            "hub_pid": os.getpid(),
-        }
-        return m.Status(
-            services=self.registry.describe(),
-            counters=counters,
-            policy_version=self.ledger.trainer_version,
-        )
 
     def _send(self, identity: bytes, msg: m.Message) -> bool:
         return self.server.send(identity, msg)
@@ -372,7 +343,7 @@ class Grouper:
                 "run_id": self.run_id,
                 "ledger": self.ledger.state(),
                 "buffer": self.buffer.state(),
-                "recent_rewards": list(self.recent_rewards),
+                "recent_rewards": list(self.intake.recent_rewards),
                 "desk": self.desk.state(),
             },
         )
@@ -387,7 +358,7 @@ class Grouper:
             self.run_id = str(state["run_id"])
             self.buffer.load_state(state["buffer"])
             self.ledger.load_state(state["ledger"], scored=set())
-            self.recent_rewards.extend(float(r) for r in state["recent_rewards"])
+            self.intake.recent_rewards.extend(float(r) for r in state["recent_rewards"])
             self.desk.load_state(state["desk"])
         # sends the checkpoint does not cover (all of them if the hub never wrote one)
         replayed = [r for r in self.journal.read() if r.seq > self.desk.seq]
@@ -402,5 +373,5 @@ class Grouper:
         )
 
 
-def run_grouper(cfg: RunConfig, resume: bool = False) -> int:
-    return Grouper(cfg, resume=resume).serve()
+def run_grouper(cfg: RunConfig, resume: bool = False, secret: bytes | None = None) -> int:
+    return Grouper(cfg, resume=resume, secret=secret).serve()

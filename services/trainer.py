@@ -10,7 +10,12 @@ Invariants:
 - a version is published (complete snapshot, then announce) before a batch request that
   names it reaches the hub, so the hub never asks generators for a version that will not come;
 - a non-finite loss, gradient or norm, or an exploding norm, never reaches the weights
-  (rollback of the GRPO core).
+  (rollback of the GRPO core);
+- a batch with a token id outside the model's vocabulary is never trained: the trainer stops
+  with one error line (`BatchRefused`), and the hub serves that step new groups once the
+  trainer died on it `security.batch_crash_limit` times;
+- after every step, the hub gets the step's evidence on each group (its log-prob gap:
+  `RolloutEvidence`, for verified rollouts).
 """
 
 from __future__ import annotations
@@ -23,19 +28,29 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import structlog
 
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_HUB_GONE
+from grpo_stream.hub.payload_refs import fetch_batch
+from grpo_stream.hub.payload_store import PayloadFetcher
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import TrainBatchRef
 from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.training.device import release_cache
-from grpo_stream.training.metrics import hub_columns
+from grpo_stream.training.evidence import group_evidence
+from grpo_stream.training.metrics import MetricsWriter, hub_columns
+from grpo_stream.training.samples import CompletionLog, batch_samples
 from grpo_stream.training.sinks import Sink, make_sinks
 from grpo_stream.training.versions import VersionMark, resumed_version
+from grpo_stream.transport.weights import WeightServer
 
 log = structlog.get_logger()
+
+
+class BatchRefused(RuntimeError):
+    """A TrainBatch that must not be trained (the hub's checks should have refused it)."""
 
 
 class Trainer:
@@ -58,6 +73,8 @@ class Trainer:
         self.server: Any = None
         self.metrics: Any = None
         self.sinks: list[Sink] = []
+        run = self.cfg.run  # rank 0 writes them (with the metrics)
+        self.samples = CompletionLog(self.run_dir, run.log_completions, run.log_completions_prompts)
         self.wall0 = time.time()
         self.wait_total = 0.0
         self.attempt = 0  # times the current step was skipped (BatchRequest.attempt)
@@ -86,9 +103,6 @@ class Trainer:
     def start(self) -> None:
         """Rank 0: bind the weight server, publish the current version, tell the hub where
         it is, open metrics. Other ranks only train (and join publishing under FSDP2)."""
-        from grpo_stream.training.metrics import MetricsWriter
-        from grpo_stream.transport.weights import WeightServer
-
         if self.state.rank != 0:
             self.publish()  # under FSDP2, rank 0's first publish gathers from every rank
             return
@@ -101,18 +115,25 @@ class Trainer:
             self.cfg.transport,
             self.link.security,
             self.cfg.weights,
+            secret=self.link.secret,
         )
         self.publish()
-        endpoints = {
-            k: _public(v, self.cfg.trainer.public_host) for k, v in self.server.addresses.items()
-        }
+        public = self.cfg.trainer.public_host
+        addresses = self.server.addresses
+        endpoints = m.Endpoints(
+            weights=_public(addresses["weights"], public),
+            announce=_public(addresses["announce"], public),
+        )
         self.link.endpoints = endpoints
         self.link.introduce()  # second Hello, now with the weight server's endpoints
         self.metrics = MetricsWriter(self.run_dir)
         self.sinks = make_sinks(
             list(self.cfg.run.sinks), self.run_dir, self.cfg.model_dump(mode="json")
         )
-        log.info("trainer.ready", version=self.state.version, step=self.state.step, **endpoints)
+        log.info(
+            "trainer.ready", version=self.state.version, step=self.state.step,
+            weights=endpoints.weights, announce=endpoints.announce,
+        )  # fmt: skip
 
     def publish(self) -> None:
         """Rank 0 sends the current version. Every rank calls this at the same points: under
@@ -138,9 +159,11 @@ class Trainer:
             if batch is None:
                 break
             self.wait_total += waited
+            self._check(batch)
             t0 = time.perf_counter()
             result = self.state.train_step(batch)
             seconds = time.perf_counter() - t0
+            self.link.send(group_evidence(self.state.meter.rows, batch))
             if not result.applied:
                 self.attempt += 1  # a new attempt at this step: the hub sends new groups
                 if result.republish:  # a rollback restored older weights as a new version
@@ -155,9 +178,22 @@ class Trainer:
             release_cache(self.state.device, self.cfg.run.placement == "colocated")
             if self.metrics is not None:
                 self._record(batch, result.metrics, seconds, waited)
+                if self.samples.due(self.state.step):
+                    self._show_samples(batch)
             if self.state.step % self.cfg.trainer.checkpoint_every == 0:
                 self.state.checkpoint()
         return self.state.step >= self.cfg.run.max_steps
+
+    def _check(self, batch: m.TrainBatch) -> None:
+        """Raise BatchRefused for token ids outside the vocabulary (they would crash the
+        forward, on a GPU without a readable error)."""
+        ids = np.asarray(batch.input_ids)
+        vocab = self.state.vocab_size()
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise BatchRefused(
+                f"step {batch.step}: token id {int(ids.max())} (min {int(ids.min())}) outside "
+                f"the vocabulary [0, {vocab}): groups {[int(g) for g in batch.group_ids]}"
+            )
 
     def _next_batch(self) -> tuple[m.TrainBatch | None, float]:
         """Ask for this step's batch; ask again (the same request: the hub answers it with
@@ -184,9 +220,6 @@ class Trainer:
     def _fetch(self, ref: TrainBatchRef) -> m.TrainBatch | None:
         """The batch of `ref`, its groups fetched from their generators; None after telling
         the hub which could not be fetched and asking again (the hub serves the step anew)."""
-        from grpo_stream.hub.payload_refs import fetch_batch
-        from grpo_stream.hub.payload_store import PayloadFetcher
-
         if self._fetcher is None:
             timeout_s = self.cfg.transport.io_timeout_ms / 1000
             self._fetcher = PayloadFetcher(
@@ -209,6 +242,18 @@ class Trainer:
         if self._asked is not None:
             log.info("batch.reasked", step=self.state.step, rejoined=True)
             self._ask()
+
+    def _show_samples(self, batch: m.TrainBatch) -> None:
+        prompts = self.samples.prompts
+        samples = batch_samples(batch, self.state.tokenizer, self.state.step, prompts)
+        self.samples.write(samples, self.sinks)
+        best = max(samples, key=lambda s: s.reward, default=None)
+        if best is not None:
+            log.info(
+                "trainer.samples", step=self.state.step, prompt=best.prompt,
+                completion=best.completion, reward=_r(best.reward), shown=len(samples),
+                file=str(self.samples.path),
+            )  # fmt: skip
 
     def _record(
         self, batch: m.TrainBatch, metrics: dict[str, Any], seconds: float, waited: float

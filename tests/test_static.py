@@ -30,6 +30,7 @@ def test_ruff_format_is_applied() -> None:
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.timeout(900)  # ~1 minute alone; several times that on a loaded machine
 def test_mypy_strict_is_clean() -> None:
     result = _run("bash", "scripts/typecheck.sh")
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]

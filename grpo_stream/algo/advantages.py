@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.config.algo import AdvantageSettings
 
 
 @dataclass(frozen=True)

@@ -255,18 +255,18 @@ def _shared_chunk(
     rows = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
     last = out.logits[rows, torch.searchsorted(keep, lengths - 1)]  # (u, V): predicts c_0
     first = last[prompt_of].unsqueeze(1)  # (s, 1, V)
-    width = completion_ids.shape[1]
-    buckets = completion_buckets(completion_attn.sum(dim=1).tolist(), overhead)
-    caches = [_bucket_cache(out.cache, prompt_of[torch.tensor(b)]) for b in buckets]
-    if width == 1 or any(c is None for c in caches):
-        logits = first
-        if width > 1:  # the completions attend to their prompt's cache (rows repeated, with grad)
-            cache = out.cache
-            for layer in cache.layers:
-                layer.reorder_cache(prompt_of)
-            rest = _completion_logits(model, cache, prompt_mask[prompt_of], completion_ids,
-                                      completion_attn, lengths[prompt_of])  # fmt: skip
-            logits = torch.cat([first, rest], dim=1)  # (s, C, V)
+    if completion_ids.shape[1] == 1:
+        return _next_token_logprobs(first, completion_ids, temperature, with_entropy)
+    tokens = completion_attn.sum(dim=1).tolist()  # each row's completion length
+    buckets = completion_buckets(tokens, overhead)
+    indices = [torch.tensor(b, device=completion_ids.device) for b in buckets]
+    caches = [_bucket_cache(out.cache, prompt_of[idx]) for idx in indices]
+    if any(c is None for c in caches):  # one forward over every row, the cache reordered
+        for layer in out.cache.layers:  # in place (rows repeated, with grad)
+            layer.reorder_cache(prompt_of)
+        rest = _completion_logits(model, out.cache, prompt_mask[prompt_of], completion_ids,
+                                  completion_attn, lengths[prompt_of])  # fmt: skip
+        logits = torch.cat([first, rest], dim=1)  # (s, C, V)
         return _next_token_logprobs(logits, completion_ids, temperature, with_entropy)
     # one forward per length bucket, each on its own copy of its rows' prompt caches; rows
     # of one token are predicted from the prompt alone
@@ -274,9 +274,8 @@ def _shared_chunk(
     alone = sorted(set(range(completion_ids.shape[0])) - set(ran))
     parts = [_next_token_logprobs(first[alone], completion_ids[alone, :1], temperature,
                                   with_entropy)] if alone else []  # fmt: skip
-    for bucket, cache in zip(buckets, caches, strict=True):
-        idx = torch.tensor(bucket, device=completion_ids.device)
-        w = int(completion_attn[idx].sum(dim=1).max())
+    for bucket, idx, cache in zip(buckets, indices, caches, strict=True):
+        w = int(tokens[bucket[-1]])  # a bucket's rows are sorted by length: the last is longest
         ids, attn = completion_ids[idx, :w], completion_attn[idx, :w]
         of = prompt_of[idx]
         rest = _completion_logits(model, cache, prompt_mask[of], ids, attn, lengths[of])
@@ -285,6 +284,7 @@ def _shared_chunk(
     inverse = torch.argsort(torch.tensor(alone + ran, device=completion_ids.device))
 
     def assemble(values: list[torch.Tensor]) -> torch.Tensor:
+        width = completion_ids.shape[1]
         padded = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
         return torch.cat(padded).index_select(0, inverse)  # (s, C), rows in their order
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_stream.algo.settings import LossSettings
+from grpo_stream.config.algo import LossSettings
 
 
 def loss_totals(mask: torch.Tensor) -> tuple[int, int]:

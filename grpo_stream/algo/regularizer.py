@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from grpo_stream.algo.settings import RegularizerSettings
+from grpo_stream.collectives import collective_device
+from grpo_stream.config.algo import RegularizerSettings
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,9 @@ def global_grad_norm(grads: list[torch.Tensor], sharded: bool = True) -> float:
         # and all-reduce once below
         sq = torch.stack([local_shard(g).detach().float().pow(2).sum() for g in grads]).sum()
     else:  # a rank may hold no gradient; it still joins the all-reduce
-        on_gpu = distributed and dist.get_backend() == "nccl"
-        sq = torch.zeros((), device="cuda" if on_gpu else "cpu")
+        sq = torch.zeros((), device=collective_device())
     if distributed:
+        sq = sq.to(collective_device())  # the gradients' device already, unless offloaded
         dist.all_reduce(sq, op=dist.ReduceOp.SUM)
     return math.sqrt(float(sq))
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.config.algo import AdvantageSettings
 
 Floats = npt.NDArray[np.float64]
 

@@ -48,8 +48,9 @@ import structlog
 import torch
 
 from grpo_stream.algo.regularizer import GradRegularizer, local_shard
-from grpo_stream.algo.settings import RollbackSettings
-from grpo_stream.training.checkpoint import rng_state, set_rng_state
+from grpo_stream.collectives import collective_device
+from grpo_stream.config.algo import RollbackSettings
+from grpo_stream.rng import rng_state, set_rng_state
 
 log = structlog.get_logger()
 
@@ -235,6 +236,7 @@ class RollbackGuard:
         bad = torch.stack([bad_loss, bad_grad.to(bad_loss.device)]).int()  # (2,)
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
+            bad = bad.to(collective_device())  # the loss's device already, on a GPU rank
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         loss_bad, grad_bad = (bool(v) for v in bad.tolist())
         if loss_bad:

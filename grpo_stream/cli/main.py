@@ -6,9 +6,9 @@ import sys
 
 import typer
 
+from grpo_stream.cli import dashboard, fingerprint, keys, logs, plan, run, status, up
 from grpo_stream.cli import eval as eval_cmd
 from grpo_stream.cli import export as export_cmd
-from grpo_stream.cli import fingerprint, keys, logs, plan, run, status, up
 
 app = typer.Typer(
     name="grpo-stream",
@@ -25,6 +25,7 @@ app.command("fingerprint")(fingerprint.fingerprint)
 app.command("plan")(plan.plan)
 app.command("eval")(eval_cmd.evaluate)
 app.command("status")(status.status)
+app.command("dashboard")(dashboard.dashboard)
 app.command("export")(export_cmd.export)
 
 

@@ -15,7 +15,7 @@ from grpo_stream.cli.common import fail
 from grpo_stream.cli.fingerprint import logs_to_stderr
 
 if TYPE_CHECKING:
-    from grpo_stream.hardware.cluster import ClusterFile
+    from grpo_stream.config.cluster import ClusterFile
     from grpo_stream.hardware.plan import Assignment, Plan
 
 
@@ -80,7 +80,8 @@ def plan(
     ),
 ) -> None:
     """Print the role plan for a cluster file."""
-    from grpo_stream.hardware.cluster import ClusterError, load_cluster, parse_params
+    from grpo_stream.config.cluster import ClusterError, parse_params
+    from grpo_stream.hardware.cluster import load_cluster
     from grpo_stream.hardware.plan import PlanError, plan_roles
 
     logs_to_stderr()
@@ -88,6 +89,8 @@ def plan(
         resolved = load_cluster(cluster)
         spec = resolved.spec
         params = spec.model_params if model_params is None else parse_params(model_params)
+        if params is None:
+            raise ClusterError(f"{cluster}: model_params is not set: add it or pass --model-params")
         result = plan_roles(
             resolved.devices,
             params,
@@ -102,28 +105,28 @@ def plan(
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return
     _print_plan(result)
-    _print_services(cluster, params, trainer_devices or spec.trainer_devices, spec)
+    _print_services(params, trainer_devices or spec.trainer_devices, spec)
 
 
-def _print_services(cluster: Path, params: int, ranks: int, spec: ClusterFile) -> None:
+def _print_services(params: int, ranks: int, spec: ClusterFile) -> None:
     """What `up --cluster FILE --dry-run` would start under this plan (the same lines)."""
     from grpo_stream.config import ConfigError, load_config
-    from grpo_stream.hardware.cluster import ClusterError
+    from grpo_stream.config.cluster import ClusterError
     from grpo_stream.launch import placed
-    from grpo_stream.launch.cluster import read_launch_file
     from grpo_stream.launch.devices import placement_for_run
     from grpo_stream.launch.placement import PlacementError
 
     try:
-        hosts = read_launch_file(cluster)
-    except ClusterError as exc:
+        spec.check_launch()
+    except ValueError as exc:
         typer.echo(f"services: not placed ({exc})")
         return
+    hosts = spec
     sets = [f"hardware.{k}={json.dumps(v)}" for k, v in spec.hardware.model_dump().items()]
     sets += ['run.placement="plan"', f"model.params={params}", f"trainer.ranks={ranks}"]
     try:
         cfg = load_config(None, sets)
-        placement, _ = placement_for_run(cfg, hosts, cluster, False, save=False, environ={})
+        placement, _ = placement_for_run(cfg, hosts, False, save=False, environ={})
         cfg = load_config(None, sets + placed.cluster_overrides(hosts, placement))
         hub = placed.hub_spec(cfg, placement, hosts)
         lines = placed.dry_run(cfg, placement, hub, False, hosts)

@@ -1,8 +1,12 @@
 """`grpo-stream run SERVICE`: start one service process that joins a hub.
 
 The hub (grouper) reads the run config; every other service needs only what reaches the hub
-(`--hub`, `--keys-dir`, `--handshake-timeout`) and gets the config, transport settings
-included, from the hub's Welcome (`grpo_stream.session`).
+(`--hub`, `--keys-dir`, `--handshake-timeout`, the run's secret) and gets the config,
+transport settings included, from the hub's Welcome (`grpo_stream.session`).
+
+The run's secret comes from `--secret-file` (the grouper: `security.secret_file`), else from
+the environment (`GRPO_STREAM_SECRET`: a Kubernetes secretKeyRef, a scheduler's env; `up`
+ships it to a service on another host as a file, `grpo_stream.launch.receive`).
 """
 
 from __future__ import annotations
@@ -16,20 +20,22 @@ from typing import TYPE_CHECKING
 import typer
 
 from grpo_stream.cli.common import fail
+from grpo_stream.transport.exposure import exposure_error
 
 if TYPE_CHECKING:
     from grpo_stream.config import RunConfig
     from grpo_stream.launch.runlock import RunLock
     from grpo_stream.session.service import Join
 
-SERVICES = ("grouper", "generator", "scorer", "trainer", "evaluator")
-OPTIONAL_SERVICES = ("evaluator",)
-"""Services a run does without: the evaluator only serves eval.every > 0."""
+SERVICES = ("grouper", "generator", "scorer", "trainer", "evaluator", "teacher")
+OPTIONAL_SERVICES = ("evaluator", "teacher")
+"""Services a run does without: the evaluator only serves eval.every > 0, the teacher only
+algo.distill.teacher."""
 
 
 def run(
     service: str = typer.Argument(
-        ..., help="grouper (the hub), generator, scorer, trainer or evaluator."
+        ..., help="grouper (the hub), generator, scorer, trainer, evaluator or teacher."
     ),
     hub: str = typer.Option(
         None, "--hub", help="The hub's address, e.g. tcp://HOST:PORT (not for grouper)."
@@ -63,7 +69,17 @@ def run(
         help="Which key pair in --keys-dir this service uses (default: its role's).",
     ),
     secret_file: Path = typer.Option(
-        None, "--secret-file", help="The run's secret (RUN_DIR/secret): signs every Hello."
+        None,
+        "--secret-file",
+        help="The run's secret (RUN_DIR/secret): signs every Hello (default: "
+        "$GRPO_STREAM_SECRET, if set).",
+    ),
+    weights_noise: float = typer.Option(
+        0.0,
+        "--fault-weights-noise",
+        min=0.0,
+        hidden=True,
+        help="generator test hook: sample from the weights times (1 + this x N(0, 1)).",
     ),
     handshake_timeout: float = typer.Option(
         None,
@@ -74,9 +90,9 @@ def run(
     ),
 ) -> None:
     """Run one service until it is told to stop."""
+    from grpo_stream.config.transport import SecuritySettings
     from grpo_stream.logs import setup_logging
     from grpo_stream.session.service import Join
-    from grpo_stream.transport.settings import SecuritySettings
 
     if service not in SERVICES:
         fail(f"unknown service {service!r}: choose one of {', '.join(SERVICES)}")
@@ -93,7 +109,8 @@ def run(
         if secret_file is not None:
             overrides = [*overrides, f"security.secret_file={json.dumps(str(secret_file))}"]
         cfg = _grouper_config(config, overrides)
-        _check_secret(cfg.security.secret_file)
+        secret = _secret(cfg.security.secret_file)
+        _check_exposure(cfg, secret is not None)
         held = _lock(cfg.run.run_dir)  # noqa: F841 - held until this process exits
         log = setup_logging("grouper", name, cfg.run.run_dir, log_level, console_json=log_json)
         log.info("config.resolved", config=cfg.model_dump(mode="json"))
@@ -102,7 +119,7 @@ def run(
         from grpo_stream.services.grouper import run_grouper
 
         try:
-            code = run_grouper(cfg, resume=resume)
+            code = run_grouper(cfg, resume=resume, secret=secret)
         except StallAbort as exc:
             fail(f"stalled: {exc}", code=EXIT_ABORTED)
         raise typer.Exit(code)
@@ -110,7 +127,7 @@ def run(
         fail(f"`grpo-stream run {service}` needs --hub tcp://HOST:PORT")
     if config is not None or overrides:
         fail(f"{service} takes its config from the hub: give --config/--set to the grouper")
-    _check_secret(secret_file)
+    secret = _secret(secret_file)
     if keys_dir is not None and client_name is None:  # `keys init` writes one per role
         from grpo_stream.transport.curve import client_key_name
 
@@ -128,8 +145,9 @@ def run(
         handshake_timeout_s=handshake_timeout,
         fingerprint=_fingerprint(service, throttle),
         log_setup=(log_level, log_json),
+        secret=secret,
     )
-    _run_client(join, resume, throttle)
+    _run_client(join, resume, throttle, weights_noise)
 
 
 def _grouper_config(config: Path | None, overrides: list[str]) -> RunConfig:
@@ -146,15 +164,22 @@ def _grouper_config(config: Path | None, overrides: list[str]) -> RunConfig:
     return cfg
 
 
-def _check_secret(path: Path | None) -> None:
-    """One line before anything starts when the run's secret cannot be used."""
-    from grpo_stream.hub.auth import AuthError, load_secret
+def _secret(path: Path | None) -> bytes | None:
+    """The run's secret (`path`, else $GRPO_STREAM_SECRET, else None); one line before
+    anything starts when it cannot be used."""
+    from grpo_stream.transport.runsecret import AuthError, resolve_secret
 
-    if path is not None:
-        try:
-            load_secret(path)
-        except AuthError as exc:
-            fail(str(exc))
+    try:
+        return resolve_secret(path, os.environ)
+    except AuthError as exc:
+        fail(str(exc))
+
+
+def _check_exposure(cfg: RunConfig, guarded: bool) -> None:
+    """One line before the hub starts when it would bind beyond loopback unguarded."""
+    refused = exposure_error(cfg.hub.bind, cfg.security, guarded, "hub.bind")
+    if refused:
+        fail(refused)
 
 
 def _lock(run_dir: Path) -> RunLock | None:
@@ -166,15 +191,16 @@ def _lock(run_dir: Path) -> RunLock | None:
         fail(str(exc))
 
 
-def _run_client(join: Join, resume: bool, throttle: float) -> None:
+def _run_client(join: Join, resume: bool, throttle: float, weights_noise: float) -> None:
     from grpo_stream.session.service import ConfigMismatch
+    from grpo_stream.transport.errors import ExposedBind
     from grpo_stream.transport.sockets import HandshakeRefused, HandshakeTimeout
 
     try:
         if join.service == "generator":
-            from grpo_stream.services.generator import run_generator
+            from grpo_stream.services.generator_main import run_generator
 
-            code = run_generator(join, throttle)
+            code = run_generator(join, throttle, weights_noise)
         elif join.service == "scorer":
             from grpo_stream.services.scorer import run_scorer
 
@@ -183,11 +209,15 @@ def _run_client(join: Join, resume: bool, throttle: float) -> None:
             from grpo_stream.services.evaluator import run_evaluator
 
             code = run_evaluator(join)
+        elif join.service == "teacher":
+            from grpo_stream.services.teacher import run_teacher
+
+            code = run_teacher(join)
         else:
             from grpo_stream.services.trainer import run_trainer
 
             code = run_trainer(join, resume)
-    except (HandshakeTimeout, HandshakeRefused, ConfigMismatch) as exc:
+    except (HandshakeTimeout, HandshakeRefused, ConfigMismatch, ExposedBind) as exc:
         fail(str(exc))
     raise typer.Exit(code)
 

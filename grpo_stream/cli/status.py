@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,20 @@ COLUMNS = (
 
 
 def status(
-    hub: str = typer.Option(None, "--hub", help="Hub address, e.g. tcp://host:port."),
-    run_dir: Path = typer.Option(
-        None, "--run-dir", help="Read the hub address from RUN_DIR/hub.addr."
+    run_dir: Path = typer.Argument(
+        None, help="The run directory (the hub's address is read from RUN_DIR/hub.addr)."
     ),
+    hub: str = typer.Option(None, "--hub", help="Hub address, e.g. tcp://host:port."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     watch: float = typer.Option(0.0, "--watch", help="Refresh every this many seconds (0: once)."),
     keys_dir: Path = typer.Option(
         None, "--keys-dir", help="CURVE keys directory (security.curve)."
+    ),
+    secret_file: Path = typer.Option(
+        None, "--secret-file", help="The run's secret (default: RUN_DIR's status.token or secret)."
+    ),
+    token_file: Path = typer.Option(
+        None, "--token-file", help="A read-only status token (RUN_DIR/status.token)."
     ),
     timeout_s: float = typer.Option(5.0, "--timeout", help="Seconds to wait for the hub."),
 ) -> None:
@@ -48,14 +53,15 @@ def status(
         typer.echo(json.dumps(state) if json_out else render_final(state))
         return
     address = _address(hub, run_dir)
+    key = _credential(secret_file, token_file, run_dir)
     if watch > 0 and not json_out:
         from rich.live import Live
 
-        with Live(_table(_ask(address, keys_dir, timeout_s)), refresh_per_second=4) as live:
+        with Live(_table(ask(address, keys_dir, key, timeout_s)), refresh_per_second=4) as live:
             while True:
                 time.sleep(watch)
-                live.update(_table(_ask(address, keys_dir, timeout_s)))
-    snapshot = _ask(address, keys_dir, timeout_s)
+                live.update(_table(ask(address, keys_dir, key, timeout_s)))
+    snapshot = ask(address, keys_dir, key, timeout_s)
     if json_out:
         typer.echo(json.dumps(snapshot))
         return
@@ -77,37 +83,33 @@ def _address(hub: str | None, run_dir: Path | None) -> str:
     if hub:
         return hub
     if run_dir is None:
-        fail("give --hub tcp://HOST:PORT or --run-dir RUN_DIR")
+        fail("give a run directory (grpo-stream status RUN_DIR) or --hub tcp://HOST:PORT")
     path = run_dir / "hub.addr"
     if not path.exists():
         fail(f"{path} does not exist: is the run's hub started?")
     return path.read_text().strip()
 
 
-def _ask(address: str, keys_dir: Path | None, timeout_s: float) -> dict[str, Any]:
-    from grpo_stream.protocols import messages as m
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
-    from grpo_stream.transport.sockets import Client, close_context, make_context
+def _credential(secret: Path | None, token: Path | None, run_dir: Path | None) -> bytes | None:
+    from grpo_stream.hub.auth import AuthError, status_credential
 
-    ctx = make_context()
-    security = SecuritySettings(curve=keys_dir is not None, keys_dir=keys_dir)
-    client = Client(ctx, address, TransportSettings(), security, f"status-{os.getpid()}")
     try:
-        client.send(m.StatusRequest())
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            msg = client.recv(timeout_ms=100)
-            if isinstance(msg, m.Status):
-                return {
-                    "hub": address,
-                    "policy_version": msg.policy_version,
-                    "counters": dict(msg.counters),
-                    "services": list(msg.services),
-                }
-    finally:
-        client.close()
-        close_context(ctx)
-    fail(f"no answer from the hub at {address} within {timeout_s:.0f}s (--timeout)")
+        return status_credential(secret, token, run_dir)
+    except AuthError as exc:
+        fail(str(exc))
+
+
+def ask(address: str, keys_dir: Path | None, key: bytes | None, timeout_s: float) -> dict[str, Any]:
+    """The hub's status. `key`: the run's status key (`hub.auth.status_credential`), which a
+    hub with a secret requires; `keys_dir`: CURVE."""
+    from grpo_stream.config.transport import SecuritySettings
+    from grpo_stream.session.status import StatusUnavailable, ask_status
+
+    security = SecuritySettings(curve=keys_dir is not None, keys_dir=keys_dir)
+    try:
+        return ask_status(address, security, timeout_s, key).as_json()
+    except StatusUnavailable as exc:
+        fail(f"{exc} (--timeout)")
 
 
 def _table(snapshot: dict[str, Any]) -> Any:

@@ -13,6 +13,9 @@ from grpo_stream.cli.common import fail
 
 if TYPE_CHECKING:
     from grpo_stream.config import RunConfig
+    from grpo_stream.config.cluster import ClusterFile
+    from grpo_stream.launch.placement import Placement
+    from grpo_stream.launch.ray_runner import RayRunner
     from grpo_stream.launch.runlock import RunLock
 
 
@@ -46,20 +49,29 @@ def up(
     task: str = typer.Option(
         None, "--task", help="A built-in task with its shipped model: arith (default), guess, calc."
     ),
+    launcher: str = typer.Option(
+        "local",
+        "--launcher",
+        help="local: processes here (or on --cluster's hosts); ray: one Ray actor per service.",
+    ),
+    address: str = typer.Option(
+        None, "--address", help="--launcher ray: the Ray head, HOST:PORT (default: a local Ray)."
+    ),
 ) -> None:
     """Run the whole pipeline (default: the tiny model on arith, on this machine)."""
     from grpo_stream.config import ConfigError, load_config
-    from grpo_stream.hardware.cluster import ClusterError
+    from grpo_stream.config.cluster import ClusterError, read_launch_file
     from grpo_stream.launch import cluster as launch
     from grpo_stream.launch.console import RunConsole
     from grpo_stream.launch.outcome import write_outcome
     from grpo_stream.launch.up import LaunchError, Up
     from grpo_stream.preflight import PreflightError, check_config_file
 
+    _check_launcher(launcher, address, cluster)
     hosts = None
     if cluster is not None:
         try:
-            hosts = launch.read_launch_file(cluster)
+            hosts = read_launch_file(cluster)
         except ClusterError as exc:
             fail(str(exc))
     from grpo_stream.launch import placed
@@ -84,21 +96,27 @@ def up(
     try:
         check_config_file(config)
         cfg = load_config(config, (launch.config_overrides(hosts) if hosts else []) + extra)
-        if hosts is None:  # on a cluster the trainer's host checks its own devices
+        if hosts is None and launcher == "local":  # elsewhere the trainer's host checks them
             from grpo_stream.training.device import trainer_preflight
 
             trainer_preflight(cfg)
     except (ConfigError, PreflightError) as exc:
         fail(str(exc))
+    local_model = hosts is None and launcher == "local"
     if check:
-        _check_only(cfg, local_model=hosts is None)
+        _check_only(cfg, local_model=local_model)
     # a dry run takes nothing: no lock, no run directory, no saved placement
-    lock = None if dry_run else _take_run_dir(cfg, resume, local_model=hosts is None)
+    lock = None if dry_run else _take_run_dir(cfg, resume, local_model=local_model)
     rd = Path(cfg.run.run_dir)
+    runner: RayRunner | None = None
+    notes: list[str] = []
     try:
-        placement, notes = placement_for_run(
-            cfg, hosts, cluster, resume, save=lock is not None, environ=dict(os.environ)
-        )
+        if launcher == "ray":
+            hosts, placement, runner = _ray_setup(cfg, address)
+        else:
+            placement, notes = placement_for_run(
+                cfg, hosts, resume, save=lock is not None, environ=dict(os.environ)
+            )
         if hosts is not None:  # rank 0 where the placement put it, ranks as it counts them
             cfg = load_config(config, placed.cluster_overrides(hosts, placement) + extra)
     except (PlacementError, ClusterError, ConfigError) as exc:
@@ -108,9 +126,12 @@ def up(
     console = RunConsole(
         level="debug" if verbose else "info", quiet=not verbose, every=cfg.run.console_every
     )
-    up_run = Up(cfg, resolved, resume, console, place_hub=placed.hub_placer(placement, hosts))
+    place_hub = placed.hub_placer(cfg, placement, hosts)
+    up_run = Up(cfg, resolved, resume, console, place_hub=place_hub, runner=runner)
     if lock is None:
         typer.echo("\n".join(placed.dry_run(cfg, placement, up_run.hub_spec(), resume, hosts)))
+        if runner is not None:
+            runner.close()
         return
     resolved.write_text(cfg.to_toml())
     for note in notes:
@@ -122,22 +143,54 @@ def up(
         fail(str(exc), code=1)
     finally:
         lock.release()
+        if runner is not None:
+            runner.close()
     write_outcome(rd, "completed" if result.completed else "interrupted", result.steps)
     if not result.completed:
         fail(f"stopped after {result.steps} steps (resume with --resume --run-dir {rd})", code=130)
+
+
+LAUNCHERS = ("local", "ray")
+
+
+def _check_launcher(launcher: str, address: str | None, cluster: Path | None) -> None:
+    if launcher not in LAUNCHERS:
+        fail(f"--launcher {launcher}: choose one of {', '.join(LAUNCHERS)}")
+    if launcher == "ray" and cluster is not None:
+        fail("--launcher ray takes its nodes from the Ray cluster: drop --cluster")
+    if address is not None and launcher != "ray":
+        fail("--address is the Ray head's address: it needs --launcher ray")
+
+
+def _ray_setup(cfg: RunConfig, address: str | None) -> tuple[ClusterFile, Placement, RayRunner]:
+    """Join (or start) Ray, place the run over its nodes, and the runner for its actors."""
+    try:  # Ray is an optional extra, and heavy: imported only for --launcher ray
+        from grpo_stream.launch.ray_cluster import RayClusterError, connect, discover
+        from grpo_stream.launch.ray_runner import RayRunner
+    except ImportError:
+        fail("--launcher ray needs Ray: pip install 'grpo-stream[ray]'")
+    try:
+        connect(address)
+        nodes, hosts, placement = discover(cfg)
+    except RayClusterError as exc:
+        fail(str(exc))
+    return hosts, placement, RayRunner(cfg, nodes, placement, started_ray=address is None)
 
 
 def _run_secret(cfg: RunConfig, write: bool) -> None:
     """Every Hello of this run is signed: a new RUN_DIR/secret (0600) unless the config names
     its own `security.secret_file`; the hub reads it from the config, the others get
     `--secret-file`."""
-    from grpo_stream.hub.auth import write_secret
+    from grpo_stream.hub.auth import load_secret, write_secret, write_status_token
 
-    if cfg.security.secret_file is None:
+    path = cfg.security.secret_file
+    if path is None:
         path = Path(cfg.run.run_dir) / "secret"
         cfg.security = cfg.security.model_copy(update={"secret_file": path})
         if write:
             write_secret(path)
+    if write:  # a read-only credential for `status` and the dashboard
+        write_status_token(Path(cfg.run.run_dir), load_secret(path))
 
 
 def _take_run_dir(cfg: RunConfig, resume: bool, local_model: bool) -> RunLock:

@@ -8,7 +8,7 @@ from grpo_stream.engines.base import (
     Engine,
     EngineUnavailableError,
     GroupSample,
-    make_engine,
 )
+from grpo_stream.engines.factory import make_engine
 
 __all__ = ["Completion", "Engine", "EngineUnavailableError", "GroupSample", "make_engine"]

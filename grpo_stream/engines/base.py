@@ -1,4 +1,4 @@
-"""The inference-engine interface that generators call, and `make_engine`.
+"""The inference-engine interface that generators call (built by `engines.factory`).
 
 Conventions every engine keeps (the trainer relies on them):
 
@@ -25,22 +25,15 @@ Importing this module (or `grpo_stream.engines`) imports neither torch nor vLLM.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from grpo_stream.protocols.arrays import to_torch as array_to_torch
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
-
-    from grpo_stream.config import GeneratorSettings, ModelSettings
-    from grpo_stream.models.adapter import LoraSettings
-    from grpo_stream.transport.settings import (
-        SecuritySettings,
-        TransportSettings,
-        WeightsSettings,
-    )
 
 
 class EngineUnavailableError(RuntimeError):
@@ -73,8 +66,10 @@ class GroupSample:
 class Engine(Protocol):
     """What a generator needs from an inference engine."""
 
-    version: int
-    """The weights version the engine holds (0 for the initial weights)."""
+    @property
+    def version(self) -> int:
+        """The weights version the engine holds (0 for the initial weights)."""
+        ...
 
     def generate(
         self,
@@ -126,48 +121,7 @@ def to_torch(value: torch.Tensor | np.ndarray) -> torch.Tensor:
     """A torch tensor for a received array (ml_dtypes bfloat16 included); tensors pass through."""
     import torch
 
-    from grpo_stream.protocols.arrays import to_torch as array_to_torch
-
     if isinstance(value, torch.Tensor):
         return value
     tensor: torch.Tensor = array_to_torch(value)
     return tensor
-
-
-def vllm_available() -> bool:
-    """Whether the vllm package can be imported (checked without importing it)."""
-    return importlib.util.find_spec("vllm") is not None
-
-
-def make_engine(
-    name: Literal["hf", "vllm"],
-    model: ModelSettings,
-    generator: GeneratorSettings,
-    transport: TransportSettings,
-    security: SecuritySettings,
-    device: str | None = None,
-    lora: LoraSettings | None = None,
-    weights: WeightsSettings | None = None,
-) -> Engine:
-    """Build the engine a generator runs: `hf` (transformers) or `vllm`.
-
-    `device` is "cpu", "cuda" or "cuda:N" (default: a GPU when one is visible). vLLM picks
-    its GPU itself: select it with CUDA_VISIBLE_DEVICES. `lora` (the trainer's
-    `trainer.lora`): vLLM must enable LoRA at start; hf recognises adapter versions itself.
-    `weights`: how versions are fetched (hf relays them when `weights.relay`; vLLM workers
-    fetch deltas but do not relay).
-    """
-    if name == "hf":
-        from grpo_stream.engines.hf import HFEngine
-
-        return HFEngine.from_settings(model, transport, security, device, weights)
-    if name == "vllm":
-        if not vllm_available():
-            raise EngineUnavailableError(
-                "generator.engine = 'vllm' needs vLLM, which is not installed: "
-                "pip install 'grpo-stream[vllm]', or set generator.engine = 'hf'"
-            )
-        from grpo_stream.engines.vllm import VLLMEngine
-
-        return VLLMEngine.from_settings(model, generator, transport, security, device, lora=lora)
-    raise ValueError(f"unknown engine {name!r}: expected 'hf' or 'vllm'")

@@ -15,7 +15,8 @@ Invariants (see `grpo_stream.engines.base` for the completion conventions):
 - With a `seed`, sampling draws from a private `torch.Generator`, so equal inputs and seed
   give equal outputs; without one it draws from torch's global generator.
 - `load_weights` checks names, shapes and completeness of the whole version before it
-  writes any parameter, then copies in place under no_grad (the model object is kept).
+  writes any parameter (`grpo_stream.engines.hf_weights`), then copies in place under no_grad
+  (the model object is kept).
 - In-flight updates (`enable_inflight`, generator.inflight_updates): a version fetched on a
   thread (`fetch_in_background`) is applied between two decoding steps of `generate` by the
   generator's hook (`take_fetched`); the decode loop (`grpo_stream.engines.decode`) records
@@ -38,7 +39,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
+import zmq
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.engines.base import (
     Completion,
     GroupSample,
@@ -46,9 +49,14 @@ from grpo_stream.engines.base import (
     to_torch,
 )
 from grpo_stream.engines.decode import Decoded, Decoder, version_runs
+from grpo_stream.engines.hf_weights import plan_weight_update
 from grpo_stream.engines.inflight import Arrays, BackgroundFetch
+from grpo_stream.engines.lora import HFAdapter
+from grpo_stream.engines.turn_cache import TurnCache
 from grpo_stream.models.adapter import split_adapter
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
+from grpo_stream.models.loading import load_policy, load_tokenizer
+from grpo_stream.transport.fetch import Replica
+from grpo_stream.transport.relay import Relay
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,6 +82,7 @@ class HFEngine:
         security: SecuritySettings | None = None,
         version: int = 0,
         weights: WeightsSettings | None = None,
+        secret: bytes | None = None,
     ) -> None:
         import torch
 
@@ -92,6 +101,7 @@ class HFEngine:
         self._replica: Replica | None = None  # wire arrays of the version held (delta base)
         self._lora: Any = None  # engines.lora.HFAdapter once an adapter version arrives
         self._weights = weights or WeightsSettings()
+        self._secret = secret  # the run's: signs this engine's relay claim (weights.relay)
         self._relay: Relay | None = None  # serves what we fetch to others (weights.relay)
         # transformers 5 renamed the forward argument past_key_values to cache.
         forward_args = inspect.signature(self.model.forward).parameters
@@ -110,10 +120,9 @@ class HFEngine:
         security: SecuritySettings,
         device: str | None = None,
         weights: WeightsSettings | None = None,
+        secret: bytes | None = None,
     ) -> HFEngine:
         """Load `model.name_or_path` (bf16 on GPUs, fp32 on CPU unless `model.dtype` says)."""
-        from grpo_stream.models.loading import load_policy, load_tokenizer
-
         dev = resolve_device(device)
         policy = load_policy(model.name_or_path, dtype=model.dtype, device=dev, trainable=False)
         tokenizer = load_tokenizer(model.name_or_path)
@@ -124,7 +133,7 @@ class HFEngine:
             device=dev,
             dtype=str(next(policy.parameters()).dtype),
         )
-        return cls(policy, tokenizer, dev, transport, security, weights=weights)
+        return cls(policy, tokenizer, dev, transport, security, weights=weights, secret=secret)
 
     # ---- generation -------------------------------------------------------------------
 
@@ -189,8 +198,6 @@ class HFEngine:
     def open_turns(self) -> TurnCache:
         """A KV cache kept between the turns of one batch of episodes: each turn then
         prefills only the tokens added since the last (`grpo_stream.engines.turn_cache`)."""
-        from grpo_stream.engines.turn_cache import TurnCache
-
         return TurnCache(self._decoder, self._pad_id, self.device, lambda: self.version,
                          self._completions)  # fmt: skip
 
@@ -273,8 +280,6 @@ class HFEngine:
         items = [(name, to_torch(value)) for name, value in named]
         adapter = split_adapter(items)  # LoRA: a version is an adapter and its manifest
         if adapter is not None:
-            from grpo_stream.engines.lora import HFAdapter
-
             self._lora = self._lora or HFAdapter(self.model)
             self._lora.apply(*adapter)
         else:
@@ -325,9 +330,6 @@ class HFEngine:
         return got[0]
 
     def _fetch(self, address: str, version: int) -> tuple[int, Arrays]:
-        import zmq
-
-        from grpo_stream.transport.fetch import Replica
 
         with self._fetch_lock:
             if self._zmq_ctx is None:
@@ -335,11 +337,9 @@ class HFEngine:
             if self._replica is None:
                 self._replica = Replica()
             if self._weights.relay and self._relay is None:
-                from grpo_stream.transport.relay import Relay
-
                 self._relay = Relay(
                     self._zmq_ctx, self._weights.relay_bind, self._transport, self._security,
-                    wait_s=self._weights.relay_stall_s,
+                    wait_s=self._weights.relay_stall_s, secret=self._secret,
                 )  # fmt: skip
             got = self._replica.fetch(
                 self._zmq_ctx, address, self._transport, self._security, version=version,
@@ -357,37 +357,6 @@ class HFEngine:
             self._zmq_ctx.destroy(linger=0)
             self._zmq_ctx = None
         self.model = None
-
-
-def plan_weight_update(
-    model: Any, items: list[tuple[str, torch.Tensor]]
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Pair each named tensor with the model tensor it replaces; raise before any write.
-
-    Names are the model's parameter (or buffer) names. Tied parameters (lm_head.weight sharing the
-    embedding) count as sent when any of their names is sent. Unknown names, shape
-    mismatches and parameters left out are errors.
-    """
-    targets = dict(model.named_parameters(remove_duplicate=False))
-    targets.update(model.named_buffers(remove_duplicate=False))
-    plan, sent = [], set()
-    for name, tensor in items:
-        target = targets.get(name)
-        if target is None:
-            raise ValueError(f"weights version has unknown tensor {name!r}")
-        if tuple(target.shape) != tuple(tensor.shape):
-            raise ValueError(
-                f"weights tensor {name!r} has shape {tuple(tensor.shape)}, "
-                f"model expects {tuple(target.shape)}"
-            )
-        plan.append((target.data, tensor))
-        sent.add(id(target))
-    missing = [n for n, p in model.named_parameters() if id(p) not in sent]
-    if missing:
-        raise ValueError(
-            f"weights version is incomplete: {len(missing)} parameters missing, e.g. {missing[0]!r}"
-        )
-    return plan
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

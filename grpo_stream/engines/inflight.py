@@ -25,7 +25,8 @@ Fetched = tuple[int, Arrays]
 class InflightEngine(Protocol):
     """An engine that fetches on a thread and swaps versions in between decoding steps."""
 
-    version: int
+    @property
+    def version(self) -> int: ...
 
     def enable_inflight(
         self, between_steps: Callable[[], None] | None, keep_kv: bool = False

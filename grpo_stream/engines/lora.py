@@ -10,34 +10,37 @@ Invariants:
   restores those weights, writes the adapter and merges it, so generation runs at the base
   model's speed and versions never accumulate rounding (each merge starts from the copy).
   Adapter mode leaves the adapter unmerged (no copy, slower decode).
-- vLLM: each version becomes a new LoRARequest (new id) loaded from a temporary PEFT
-  directory (vLLM loads adapters only from a path), added eagerly, then the previous one is
-  removed; generation passes the current request.
+- vLLM: each version becomes a new LoRARequest (new id) loaded from a PEFT directory (vLLM
+  loads adapters only from a path), added eagerly; new requests pass the current one, and an
+  older adapter is removed (its directory deleted) once no request uses it
+  (engines.vllm_update).
 """
 
 from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from grpo_stream.config.lora import LoraSettings
 from grpo_stream.models.adapter import (
+    FINGERPRINT_VALUES,
     PEFT_PREFIX,
     AdapterError,
     AdapterManifest,
-    LoraSettings,
     base_fingerprint,
     check_base,
-    split_adapter,
+    fingerprint_rows,
 )
+from grpo_stream.models.loading import resolve_model
+from grpo_stream.training.lora import lora_config
 
 if TYPE_CHECKING:
     import torch
-
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 log = structlog.get_logger()
 
@@ -103,8 +106,6 @@ class HFAdapter:
     def _inject(self, manifest: AdapterManifest) -> None:
         from peft import inject_adapter_in_model
 
-        from grpo_stream.training.lora import lora_config
-
         config = lora_config(settings_of(manifest), inference=True)
         try:
             inject_adapter_in_model(config, self.model, adapter_name=ADAPTER_NAME)
@@ -157,9 +158,6 @@ def write_peft_dir(
     adapter_model.safetensors), the layout vLLM's and peft's loaders read."""
     from safetensors.torch import save_file
 
-    from grpo_stream.models.loading import resolve_model
-    from grpo_stream.training.lora import lora_config
-
     out.mkdir(parents=True, exist_ok=True)
     config = lora_config(settings_of(manifest), resolve_model(manifest.base_model), True)
     config.save_pretrained(str(out))
@@ -175,8 +173,6 @@ def files_fingerprint(path: str) -> str:
     """`base_fingerprint` read from a model directory's safetensors files (for vLLM, whose
     workers hold the model in their own layout): only each tensor's leading rows are read."""
     from safetensors import safe_open
-
-    from grpo_stream.models.adapter import FINGERPRINT_VALUES, fingerprint_rows
 
     rows = []
     for file in sorted(Path(path).glob("*.safetensors")):
@@ -195,63 +191,66 @@ def files_fingerprint(path: str) -> str:
 
 
 class VLLMAdapter:
-    """The vLLM engine's adapter: one LoRARequest per version, the previous one removed."""
+    """The vLLM engine's adapters: one LoRARequest per version. vLLM binds an adapter to a
+    request for the request's whole life, so an adapter stays loaded (and its PEFT directory
+    on disk, from which vLLM reloads an adapter it evicted) until `remove`, which the engine
+    calls once no request uses it. `add` and `remove` are vLLM's `add_lora` and `remove_lora`."""
 
-    def __init__(self, llm: Any, model_path: str, model_name: str) -> None:
-        self.llm = llm
+    def __init__(
+        self,
+        add: Callable[[Any], bool],
+        remove: Callable[[int], bool],
+        model_path: str,
+        model_name: str,
+    ) -> None:
+        self._add = add
+        self._remove = remove
         self.model_name = model_name
         self.fingerprint = files_fingerprint(model_path)
-        self.request: Any = None
+        self.request: Any = None  # the current version's; new requests use it
         self._next_id = 1
+        self._dirs: dict[int, tempfile.TemporaryDirectory[str]] = {}
 
     def apply(
         self, manifest: AdapterManifest, tensors: list[tuple[str, torch.Tensor]], version: int
-    ) -> None:
-        """Check the version, load it into vLLM as a new adapter, then drop the previous one."""
+    ) -> Any:
+        """Check the version, load it into vLLM as the current adapter; returns the one it
+        replaces (None for the first), still loaded."""
         from vllm.lora.request import LoRARequest
 
         check_base(manifest, self.fingerprint, self.model_name)
-        previous = self.request
-        with tempfile.TemporaryDirectory(prefix="grpo-lora-") as tmp:
-            path = write_peft_dir(manifest, tensors, Path(tmp) / f"v{version}")
-            request = LoRARequest(f"v{version}", self._next_id, str(path))
-            if not self.llm.llm_engine.add_lora(request):  # loads now: the dir may go after
-                raise AdapterError(f"vLLM refused adapter version {version}")
+        tmp = tempfile.TemporaryDirectory(prefix="grpo-lora-")
+        path = write_peft_dir(manifest, tensors, Path(tmp.name) / f"v{version}")
+        request = LoRARequest(f"v{version}", self._next_id, str(path))
+        if not self._add(request):
+            tmp.cleanup()
+            raise AdapterError(f"vLLM refused adapter version {version}")
         self._next_id += 1
-        self.request = request
-        if previous is not None:
-            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        self._dirs[request.lora_int_id] = tmp
+        previous, self.request = self.request, request
         log.info("engine.lora_swapped", engine="vllm", version=version,
                  lora_id=request.lora_int_id)  # fmt: skip
+        return previous
 
+    def remove(self, lora_id: int) -> None:
+        """Unload an adapter no request uses any more, and delete its directory."""
+        self._remove(lora_id)
+        held = self._dirs.pop(lora_id, None)
+        if held is not None:
+            held.cleanup()
 
-def fetch_adapter(
-    address: str, version: int, transport: TransportSettings, security: SecuritySettings
-) -> tuple[int, AdapterManifest, list[tuple[str, torch.Tensor]]]:
-    """Fetch one version from the weight server; it must be an adapter version."""
-    import zmq
-
-    from grpo_stream.engines.base import to_torch
-    from grpo_stream.transport.fetch import fetch_weights
-
-    ctx: zmq.Context[Any] = zmq.Context()
-    try:
-        got, named = fetch_weights(ctx, address, transport, security, version=version)
-    finally:
-        ctx.destroy(linger=0)
-    found = split_adapter([(name, to_torch(value)) for name, value in named])
-    if found is None:
-        raise AdapterError(
-            f"weights version {got} from {address} is full weights, not a LoRA adapter: "
-            "set trainer.lora.enabled the same on the trainer and the generators"
-        )
-    return got, found[0], found[1]
+    def close(self) -> None:
+        for held in self._dirs.values():
+            held.cleanup()
+        self._dirs.clear()
 
 
 def vllm_lora_args(settings: LoraSettings) -> dict[str, Any]:
-    """`vllm.LLM` keyword arguments for serving adapters of `settings`: one live adapter (the
-    current version) plus room for the next while it is added."""
+    """vLLM engine arguments for serving adapters of `settings`. A batch may hold requests of
+    the current version, of the one before (requests submitted before a swap keep their
+    adapter) and of the base model (before the first version): room for 3 distinct adapters
+    (vLLM's rows were measured wrong with base rows beside a full set of adapter slots)."""
     rank = next((r for r in VLLM_RANKS if r >= settings.r), None)
     if rank is None:
         raise AdapterError(f"trainer.lora.r={settings.r} is over vLLM's largest LoRA rank 512")
-    return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2}
+    return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 3}

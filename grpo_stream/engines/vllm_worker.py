@@ -1,118 +1,123 @@
-"""Weight sync inside vLLM's worker processes: `LLM(worker_extension_cls=...)` mixes
-`WeightSyncExtension` into each worker, and the engine calls its methods through
-`llm.collective_rpc(name, args=...)`.
+"""vLLM's worker side of a weight update: our weight-transfer backend, `HandoffTransfer`.
+
+vLLM builds it in each worker (engine arg `weight_transfer_config={"backend": "grpo_stream"}`;
+the name is registered by our `vllm.general_plugins` entry point, `vllm_plugin.register`) and
+the generator's engine drives it through vLLM's own protocol: start, update, finish
+(`vllm_compat.transfer`), with generation paused around it.
 
 Invariants:
-- Weights never travel as RPC arguments (vLLM would serialise tensors to lists): the worker
-  fetches them itself from the trainer's weight server over ZeroMQ, or reads a safetensors
-  file the engine wrote. RPC arguments are plain str/int/dict.
-- Names are Hugging Face parameter names; vLLM's model maps them onto its fused layers
-  (qkv_proj, gate_up_proj). For a tied model `lm_head.weight` is always applied, last and
-  with the embedding's values (see `_with_tied_head`): never a stale duplicate.
-- A version is fetched completely before any parameter is written; the engine resets the
-  prefix cache after every update, so no KV block computed with old weights is reused.
+- Tensors never travel through vLLM's RPC. The generator process fetched the version once
+  (deltas, checksums, relays: `grpo_stream.transport.fetch`), checked every name and shape
+  against the model, and wrote it to one safetensors hand-off file; `update_info` names the
+  file and every tensor it must hold. With tensor parallelism every worker of the generator
+  reads that one file (fetched once per generator, read once per worker) and vLLM's loaders
+  take each worker's shard.
+- A file that does not hold exactly the announced tensors is refused before any weight is
+  read into the model.
+- The load runs inside vLLM's layerwise-reload bracket (start: `initialize_layerwise_reload`,
+  finish: `finalize_layerwise_reload`), as vLLM's own checkpoint-format backends do. A load
+  that fails midway leaves the bracket open and the model unusable; the engine stays paused,
+  and the next `start_weight_update` first closes that bracket (layers not loaded get their
+  previous weights back) and opens a fresh one, so the retry loads a whole version.
+- Tied embeddings: `lm_head.weight` is always loaded, last, with the embedding's values
+  (`with_tied_head`).
 
-Nothing here imports vLLM; vLLM imports this module inside its worker processes.
+This module imports vLLM: only vLLM (inside its workers) and vLLM's tests import it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
 import structlog
-
-if TYPE_CHECKING:
-    import torch
-
-    from grpo_stream.transport.fetch import Replica
+import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.model_executor.model_loader.reload import (
+    finalize_layerwise_reload,
+    initialize_layerwise_reload,
+)
 
 log = structlog.get_logger()
 
-_REPLICAS: dict[str, Replica] = {}
-"""This worker process's copy of the version it applied last (the base of deltas), by key
-"held" (one per process; created on the first fetch)."""
 TIED_NAME = "lm_head.weight"
 EMBED_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight")
 """Input-embedding names (Qwen2/Llama/Mistral style, GPT style) a tied lm_head follows."""
 
 
-class WeightSyncExtension:
-    """Methods that run inside each vLLM worker (`self` is vLLM's Worker)."""
+class HandoffRefused(ValueError):
+    """The hand-off file does not hold exactly the tensors the update announced."""
 
-    # Provided by vLLM's Worker (annotations only: vLLM refuses an extension whose
-    # attributes clash with the worker's).
-    model_runner: Any
-    vllm_config: Any
-    reload_weights: Any
 
-    def update_from_server(
-        self, address: str, version: int, transport: dict[str, Any], security: dict[str, Any]
-    ) -> int:
-        """Fetch `version` (-1: newest) from the weight server and apply it; the version got."""
-        import zmq
+@dataclass
+class HandoffInit(WeightTransferInitInfo):  # type: ignore[misc,unused-ignore]
+    """Nothing to set up: the hand-off file is local."""
 
-        from grpo_stream.engines.base import to_torch
-        from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
-        ctx: zmq.Context[Any] = zmq.Context()
-        from grpo_stream.transport.fetch import Replica
+@dataclass
+class HandoffUpdate(WeightTransferUpdateInfo):  # type: ignore[misc,unused-ignore]
+    """One whole version: the hand-off file and the names it must hold, in load order."""
 
-        replica = _REPLICAS.setdefault("held", Replica())  # deltas are sent against it
-        try:
-            got = replica.fetch(
-                ctx,
-                address,
-                TransportSettings.model_validate(transport),
-                SecuritySettings.model_validate(security),
-                version=version,
-            )
-        finally:
-            ctx.destroy(linger=0)
-        self._apply_weights([(name, to_torch(arr)) for name, arr in replica.named()])
-        return got
+    path: str
+    names: list[str]
+    version: int
 
-    def load_weights_file(self, path: str) -> int:
-        """Apply the tensors of a safetensors file; returns how many were applied."""
-        from safetensors.torch import load_file
 
-        return self._apply_weights(list(load_file(path).items()))
+class HandoffTransfer(WeightTransferEngine[HandoffInit, HandoffUpdate]):  # type: ignore[misc,unused-ignore]
+    """Loads one version per update from the generator's hand-off file (module docstring)."""
 
-    def _apply_weights(self, items: list[tuple[str, torch.Tensor]]) -> int:
+    init_info_cls = HandoffInit
+    update_info_cls = HandoffUpdate
+    supports_draft_weight_update = False
+    _open = False  # a layerwise-reload bracket is open (a load failed midway, or in progress)
+
+    def init_transfer_engine(self, init_info: HandoffInit) -> None:
+        """Nothing to connect to."""
+
+    def start_weight_update(self) -> None:
+        if self._open:  # the last load failed midway: close its bracket before a fresh one
+            log.warning("vllm_worker.reload_reopened")
+            finalize_layerwise_reload(self.model, self.model_config)
+        initialize_layerwise_reload(self.model)
+        self._open = True
+
+    def receive_weights(self, update_info: HandoffUpdate) -> None:
         start = time.perf_counter()
-        if self.vllm_config.model_config.hf_text_config.tie_word_embeddings:
-            items = _with_tied_head(items)
-        via = "reload_weights" if _on_cpu() else "load_weights"
-        if via == "load_weights":
-            try:
-                self.model_runner.get_model().load_weights(weights=iter(items))
-            except (AttributeError, AssertionError) as exc:
-                # Backends that repack weights after loading leave parameters that the
-                # model's loaders no longer accept (no weight_loader, or a repacked shape).
-                log.info("vllm_worker.load_weights_fallback", reason=str(exc))
-                via = "reload_weights"
-        if via == "reload_weights":
-            # The worker's in-place reload redoes load-and-repack for the whole model.
-            self.reload_weights(
-                weights_iterator=iter(items), weights_path=None, is_checkpoint_format=True
+        items = read_handoff(update_info.path, update_info.names)
+        if self.model_config.hf_text_config.tie_word_embeddings:
+            items = with_tied_head(items)
+        self.model.load_weights(iter(items))
+        log.info("vllm_worker.weights_received", version=update_info.version,
+                 tensors=len(items), seconds=round(time.perf_counter() - start, 4))  # fmt: skip
+
+    def finish_weight_update(self) -> None:
+        finalize_layerwise_reload(self.model, self.model_config)
+        self._open = False
+
+    def shutdown(self) -> None:
+        """Nothing held between updates."""
+
+
+def read_handoff(path: str, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+    """The file's tensors in `names` order; HandoffRefused unless it holds exactly `names`."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device="cpu") as handle:
+        held = set(handle.keys())
+        if held != set(names) or len(names) != len(set(names)):
+            extra, lacking = sorted(held - set(names)), sorted(set(names) - held)
+            raise HandoffRefused(
+                f"hand-off file {path} does not match its update: extra {extra[:3]}, "
+                f"missing {lacking[:3]}"
             )
-        log.info(
-            "vllm_worker.weights_applied",
-            tensors=len(items),
-            via=via,
-            seconds=round(time.perf_counter() - start, 4),
-        )
-        return len(items)
+        return [(name, handle.get_tensor(name)) for name in names]
 
 
-def _on_cpu() -> bool:
-    """vLLM's CPU backend repacks linear weights, so model.load_weights cannot update them."""
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
-
-
-def _with_tied_head(items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+def with_tied_head(items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """Send a tied lm_head explicitly, with the embedding's values, after the embedding.
 
     Senders drop the tied duplicate (the weight server sends shared storage once). vLLM's

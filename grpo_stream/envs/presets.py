@@ -1,7 +1,9 @@
 """`grpo-stream up --task NAME`: the settings that make a built-in task run as shipped.
 
 Each preset is a list of `section.key=value` overrides applied before the config file's and
-`--set`'s (so both still win). `arith` is the default run and changes nothing.
+`--set`'s (so both still win). `arith` is the default run and changes nothing; `calc-tools`
+is calc played by a user agent calling a JSON function through the generator's endpoint
+(`grpo_stream.agents.calc`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ PRESETS: dict[str, list[str]] = {
         "generator.max_tokens=20",
         "env.max_turns=3",
         "env.max_episode_tokens=64",
+        "trainer.lr=5e-4",
+        "hub.groups_per_step=8",
+        "run.max_steps=120",
+    ],
+    "calc-tools": [
+        'task.name="calc"',
+        'env.agent="grpo_stream.agents.calc:calc_agent"',
+        'model.name_or_path="grpo-stream/tiny-tools"',
+        "generator.max_tokens=80",
+        "env.max_turns=3",
+        "env.max_episode_tokens=128",
         "trainer.lr=5e-4",
         "hub.groups_per_step=8",
         "run.max_steps=120",

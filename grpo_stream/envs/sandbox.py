@@ -27,14 +27,15 @@ import math
 import multiprocessing
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import structlog
 
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.base import Step
-from grpo_stream.envs.settings import EnvSettings
 from grpo_stream.envs.worker import worker_main
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.rewards.sandbox_worker import pack, unpack
@@ -94,29 +95,11 @@ class EnvPool:
         log.info("env.pool_started", env=self.settings.name, workers=self.settings.workers)
 
     def _spawn(self, slot: int) -> _Worker:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(
-            target=worker_main,
-            args=(child, self.settings.model_dump(mode="json"), list(sys.path)),
-            daemon=True,
-            name=f"env-worker-{slot}",
-        )
-        proc.start()
-        child.close()
-        if not parent.poll(STARTUP_TIMEOUT_S):
-            _kill(proc)
-            raise EnvPoolError(f"env worker did not start within {STARTUP_TIMEOUT_S} s")
-        try:
-            first = unpack(parent.recv_bytes(_MAX_REPLY_BYTES))
-        except (EOFError, OSError):
-            _kill(proc)
-            raise EnvPoolError(
-                f"env worker exited while loading env.name = {self.settings.name!r}"
-            ) from None
-        if first[0] != "ready":
-            _kill(proc)
-            raise EnvPoolError(f"env.name = {self.settings.name!r} does not load: {first[1]}")
-        return _Worker(slot, proc, parent)
+        proc, conn = start_worker(
+            self._ctx, worker_main, (self.settings.model_dump(mode="json"), list(sys.path)),
+            f"env-worker-{slot}", f"env.name = {self.settings.name!r}",
+        )  # fmt: skip
+        return _Worker(slot, proc, conn)
 
     def close(self) -> None:
         """Stop every worker (SIGKILL after a grace period). Idempotent."""
@@ -126,7 +109,7 @@ class EnvPool:
         end = time.monotonic() + _STOP_GRACE_S
         for w in self._workers:
             w.proc.join(max(0.0, end - time.monotonic()))
-            _kill(w.proc)
+            kill_worker(w.proc)
             w.conn.close()
         self._workers = []
 
@@ -219,7 +202,7 @@ class EnvPool:
         fresh worker holds no environment for them)."""
         for key in keys:
             answers[key] = Answer(None, cause)
-        _kill(w.proc)
+        kill_worker(w.proc)
         w.conn.close()
         self.restarts += 1
         log.warning("env.worker_replaced", slot=w.slot, cause=cause, episodes_lost=len(w.keys))
@@ -238,7 +221,30 @@ def _answer(reply: list[Any]) -> Answer:
     return Answer(Step(observation, value, done))
 
 
-def _kill(proc: multiprocessing.process.BaseProcess) -> None:
+def start_worker(
+    ctx: Any, target: Callable[..., None], args: tuple[Any, ...], name: str, setting: str
+) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+    """Start a sandbox worker `target(conn, *args)` and wait for its `["ready"]` (the
+    `serve` handshake); EnvPoolError naming `setting` when it does not load or start."""
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, *args), daemon=True, name=name)
+    proc.start()
+    child.close()
+    if not parent.poll(STARTUP_TIMEOUT_S):
+        kill_worker(proc)
+        raise EnvPoolError(f"{name} did not start within {STARTUP_TIMEOUT_S} s")
+    try:
+        first = unpack(parent.recv_bytes(_MAX_REPLY_BYTES))
+    except (EOFError, OSError):
+        kill_worker(proc)
+        raise EnvPoolError(f"{name} exited while loading {setting}") from None
+    if first[0] != "ready":
+        kill_worker(proc)
+        raise EnvPoolError(f"{setting} does not load: {first[1]}")
+    return proc, parent
+
+
+def kill_worker(proc: multiprocessing.process.BaseProcess) -> None:
     if proc.is_alive():
         proc.kill()
     proc.join(5.0)

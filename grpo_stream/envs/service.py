@@ -8,15 +8,26 @@ prompt, with its loss mask, per-turn rewards and outcome rewards (see protocols/
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import Episode, EpisodeRun, TurnEngine, run_episodes
 from grpo_stream.envs.sandbox import EnvPool
-from grpo_stream.envs.settings import EnvSettings
 from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.protocols import messages as m
+
+
+class Player(Protocol):
+    """What the generator needs to play a batch as episodes (`EpisodePlayer` against an
+    environment, `grpo_stream.agents.player.AgentPlayer` by a user agent)."""
+
+    def play(self, batch: m.PromptBatch, seed: int) -> list[list[Episode]]: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
 
 
 class EpisodePlayer:
@@ -60,6 +71,11 @@ class EpisodePlayer:
             self.failed += sum(e.error is not None for e in eps)
             self.truncated += sum(e.truncated for e in eps)
         return groups
+
+    def stats(self) -> dict[str, int]:
+        """Counters for the generator's heartbeat."""
+        return {"episodes": self.episodes, "episodes_failed": self.failed,
+                "episodes_truncated": self.truncated}  # fmt: skip
 
 
 def episode_rollout(head: m.Rollout, episodes: list[Episode]) -> m.Rollout:

@@ -20,15 +20,12 @@ Invariants:
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
+from grpo_stream.config.tasks import VERIFIERS_PREFIX, RewardSpec
 from grpo_stream.tasks.base import Problem
-from grpo_stream.tasks.settings import VERIFIERS_PREFIX, RewardSpec
-
-ADAPTER_ENV = "grpo_stream.envs.verifiers_adapter:VerifiersEnv"
-"""The env.name that plays verifiers episodes."""
+from grpo_stream.usercode import UserCodeError, import_object
 
 
 class VerifiersLoadError(ValueError):
@@ -51,9 +48,9 @@ def load_vf_env(spec: str) -> Any:
             f"{setting} needs the verifiers package (pip install 'grpo-stream[envs]')"
         ) from None
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise VerifiersLoadError(f"{setting} does not load: {exc}") from None
+        factory = import_object(spec, f"{setting} does not load")
+    except UserCodeError as exc:
+        raise VerifiersLoadError(str(exc)) from None
     try:
         env = factory()
     except Exception as exc:
@@ -76,19 +73,6 @@ def rebuild_task(env: Any, data: dict[str, Any]) -> Any:
     """The taskset's `Task` from its wire data (what a reference carries)."""
     task_cls = type(env.taskset).task_type()
     return task_cls(task_cls.data_type().model_validate(data), env.taskset.config.task)
-
-
-def check_verifiers_config(task_name: str, env_name: str) -> None:
-    """A verifiers task plays through the adapter environment, and only it does."""
-    if task_name.startswith(VERIFIERS_PREFIX) and env_name != ADAPTER_ENV:
-        raise ValueError(
-            f"task.name = {task_name!r} needs env.name = {ADAPTER_ENV!r} (got {env_name!r})"
-        )
-    if env_name == ADAPTER_ENV and not task_name.startswith(VERIFIERS_PREFIX):
-        raise ValueError(
-            f"env.name = {ADAPTER_ENV!r} plays verifiers tasks: task.name must be "
-            f"'verifiers:package.module:factory' (got {task_name!r})"
-        )
 
 
 class VerifiersTask:

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.base import Environment, Step
-from grpo_stream.envs.settings import EnvSettings
+from grpo_stream.envs.registry import env_factory
 from grpo_stream.rewards.sandbox_worker import _short, pack, serve
 
 Reply = list[Any]
@@ -82,8 +83,6 @@ def worker_main(conn: Connection, settings: dict[str, Any], sys_path: list[str])
     worker core, `grpo_stream.rewards.sandbox_worker.serve`)."""
 
     def load() -> Callable[[list[Any]], None]:
-        from grpo_stream.envs.registry import env_factory
-
         held = Held(env_factory(EnvSettings.model_validate(settings)))
 
         def handle(message: list[Any]) -> None:

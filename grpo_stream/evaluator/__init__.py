@@ -7,6 +7,6 @@ scoring and pass@k code.
 
 from __future__ import annotations
 
-from grpo_stream.evaluator.settings import EvalSettings, check_eval_config
+from grpo_stream.config.evaluator import EvalSettings, check_eval_config
 
 __all__ = ["EvalSettings", "check_eval_config"]

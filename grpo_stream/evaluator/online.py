@@ -18,10 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from grpo_stream.evaluation import Sample, Tally, score_group
+from grpo_stream.agents.inbox import Sampling
+from grpo_stream.agents.player import AgentPlayer
+from grpo_stream.config.tasks import RewardSpec, TaskSettings
+from grpo_stream.evaluation import GREEDY_TOP_P, Sample, Tally, score_group
+from grpo_stream.evaluator.agents import evaluate_agent
 from grpo_stream.rewards import RewardFn, load_reward, reward_specs
 from grpo_stream.tasks import Problem, Task, TaskDataError, make_eval_task, make_task
-from grpo_stream.tasks.settings import RewardSpec, TaskSettings
+from grpo_stream.training.sinks import make_sinks
 
 if TYPE_CHECKING:
     from grpo_stream.config import RunConfig
@@ -32,9 +36,6 @@ log = structlog.get_logger()
 
 EVAL_FILE = "eval.jsonl"
 """RUN_DIR/eval.jsonl: one line per evaluation, beside metrics.jsonl."""
-GREEDY_TOP_P = 1e-9
-"""Greedy decoding through the engines' sampler: a nucleus this small keeps only the most
-likely token (the nucleus always keeps one)."""
 MAX_OVERLAP_SCAN = 50_000
 """Training problems compared with an explicit eval.task's (endless tasks: the first ones)."""
 _SEQUENCES_PER_CALL = 256
@@ -81,8 +82,6 @@ class OnlineEval:
 
     @classmethod
     def build(cls, cfg: RunConfig, tokenizer: Any = None) -> OnlineEval:
-        from grpo_stream.training.sinks import make_sinks
-
         check_disjoint(cfg, tokenizer)
         task = make_eval_set(cfg, tokenizer)
         specs = reward_specs(eval_task_settings(cfg), task)
@@ -91,8 +90,11 @@ class OnlineEval:
         sinks = make_sinks(tensorboard, Path(cfg.run.run_dir), {})
         return cls(cfg, task, specs, [load_reward(s) for s in specs], problems, sinks)
 
-    def run(self, engine: Engine, step: int) -> dict[str, Any]:
-        """Evaluate the engine's weights; write and return the row."""
+    def run(self, engine: Engine, step: int, agents: AgentPlayer | None = None) -> dict[str, Any]:
+        """Evaluate the engine's weights (an agent run: through `agents`, the run's agent
+        against the evaluator's endpoint); write and return the row."""
+        if agents is not None:
+            return self._run_agents(engine, step, agents)
         ev, gen = self.cfg.eval, self.cfg.generator
         t0 = time.perf_counter()
         tally = Tally(specs=self.specs)
@@ -134,6 +136,20 @@ class OnlineEval:
             reward=round(row["eval/reward"], 4),
             seconds=row["eval/seconds"],
         )
+        return row
+
+    def _run_agents(self, engine: Engine, step: int, agents: AgentPlayer) -> dict[str, Any]:
+        gen, t0 = self.cfg.generator, time.perf_counter()
+        sampling = Sampling(gen.temperature, 1.0, gen.max_tokens)
+        fields = evaluate_agent(agents, self.problems, self.cfg.eval, sampling, self.cfg.run.seed)
+        row: dict[str, Any] = {
+            "step": step, "policy_version": engine.version, **fields, "eval/k": self.cfg.eval.k,
+            "eval/problems": len(self.problems),
+            "eval/seconds": round(time.perf_counter() - t0, 3), "wall_time": time.time(),
+        }  # fmt: skip
+        self._write(row)
+        log.info("eval.done", step=step, pass_at_1=round(row["eval/pass@1"], 4),
+                 reward=round(row["eval/reward"], 4), seconds=row["eval/seconds"])  # fmt: skip
         return row
 
     def _write(self, row: dict[str, Any]) -> None:

@@ -22,6 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import psutil
+
 from grpo_stream.hardware.device import DeviceFingerprint
 
 MATMUL_N = 64
@@ -66,8 +69,6 @@ def _repeat(fn: Callable[[], object], seconds: float) -> tuple[int, float]:
 
 def matmul_gflops(seconds: float = 0.2) -> float:
     """Measured float32 matmul throughput of one core in GFLOP/s (2 n^3 FLOPs per product)."""
-    import numpy as np
-
     shape = (MATMUL_STACK, MATMUL_N, MATMUL_N)
     rng = np.random.default_rng(0)
     a = rng.standard_normal(shape, dtype=np.float32)
@@ -79,8 +80,6 @@ def matmul_gflops(seconds: float = 0.2) -> float:
 
 def copy_gbps(seconds: float = 0.2) -> float:
     """Measured memory copy bandwidth in GB/s, counting bytes read plus bytes written."""
-    import numpy as np
-
     src = np.ones(COPY_BYTES, dtype=np.uint8)
     dst = np.empty_like(src)
     calls, elapsed = _repeat(lambda: np.copyto(dst, src), seconds)
@@ -105,8 +104,6 @@ def fingerprint_cpu(
 ) -> DeviceFingerprint:
     """The CPU as one device; `benchmark=False` skips the micro-benchmarks (FLOPS unknown).
     `rates` are figures measured earlier (grpo_stream.hardware.cpu_cache), else measured now."""
-    import psutil
-
     memory = psutil.virtual_memory()
     cores = cpu_cores()
     measured: dict[str, str] = {}

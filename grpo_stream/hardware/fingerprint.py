@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from grpo_stream.hardware.cpu import fingerprint_cpu
+from grpo_stream.hardware.cpu_cache import host_rates
 from grpo_stream.hardware.device import HostFingerprint
 from grpo_stream.hardware.nvml import NvmlUnavailable, read_nvml
 from grpo_stream.hardware.specs import derive_gpu
@@ -56,8 +57,6 @@ def _cpu_host(
 ) -> HostFingerprint:
     rates = None
     if benchmark and cache is not None:
-        from grpo_stream.hardware.cpu_cache import host_rates
-
         rates = host_rates(seconds, cache)
     device = fingerprint_cpu(host=host, benchmark=benchmark, seconds=seconds, rates=rates)
     return HostFingerprint(hostname=host, source="cpu", devices=[device], nvml_error=why)

@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from grpo_stream.config.hardware import HardwareSettings
 from grpo_stream.hardware.device import DeviceFingerprint
 from grpo_stream.hardware.score import Features, ScoreModel, credits_for, work_shares
-from grpo_stream.hardware.settings import HardwareSettings
 
 GIB = 2**30
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
+from grpo_stream.config.hardware import HardwareSettings
 from grpo_stream.hardware.device import DeviceFingerprint
 from grpo_stream.hardware.nnls import bounded_lstsq
-from grpo_stream.hardware.settings import HardwareSettings
 
 log = structlog.get_logger()
 
@@ -119,9 +119,7 @@ class ScoreModel:
             )
             return self._log(FitResult(self.weights, None, {}, False, reason, n, devices))
         weights = self._fit()
-        rmse, rel, means = self._errors(weights)
-        measured = {d: obs for d, (obs, _) in means.items()}
-        predicted = {d: pred for d, (_, pred) in means.items()}
+        rmse, rel, measured, predicted = self._errors(weights)
         if not any(weights.apply(x) > 0 for v in self._samples.values() for x, _ in v):
             result = FitResult(
                 self.weights, rmse, rel, False, "degenerate fit", n, devices, measured, predicted
@@ -157,10 +155,13 @@ class ScoreModel:
 
     def _errors(
         self, weights: Weights
-    ) -> tuple[float, dict[str, float], dict[str, tuple[float, float]]]:
-        """RMSE over all samples; per device, the relative error of its mean prediction and
-        its (mean measured, mean predicted) tokens/s."""
-        sq, count, rel, means = 0.0, 0, {}, {}
+    ) -> tuple[float, dict[str, float], dict[str, float], dict[str, float]]:
+        """RMSE over all samples; per device, the relative error of its mean prediction, its
+        mean measured and its mean predicted tokens/s."""
+        sq, count = 0.0, 0
+        rel: dict[str, float] = {}
+        measured: dict[str, float] = {}
+        predicted: dict[str, float] = {}
         for device, samples in self._samples.items():
             preds = [weights.apply(x) for x, _ in samples]
             obs = [y for _, y in samples]
@@ -169,8 +170,8 @@ class ScoreModel:
             mean_obs = sum(obs) / len(obs)
             mean_pred = sum(preds) / len(preds)
             rel[device] = abs(mean_pred - mean_obs) / mean_obs if mean_obs > 0 else math.inf
-            means[device] = (mean_obs, mean_pred)
-        return math.sqrt(sq / count), rel, means
+            measured[device], predicted[device] = mean_obs, mean_pred
+        return math.sqrt(sq / count), rel, measured, predicted
 
     def _log(self, result: FitResult) -> FitResult:
         w = result.weights

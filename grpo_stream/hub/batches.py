@@ -15,7 +15,9 @@ from typing import Literal
 
 import numpy as np
 
-from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.algo.overlong import Overlong
+from grpo_stream.config.algo import AdvantageSettings
+from grpo_stream.hub.episodes import is_episode, per_turn_token_advantages
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group
@@ -45,18 +47,24 @@ def assemble(
     batch_std: float | None,
     returns: Literal["outcome", "per_turn"] = "outcome",
     gamma: float = 1.0,
+    overlong: Overlong | None = None,
 ) -> Assembled:
     """Combine a Rollout and its Scored into a Group with advantages (episodes under
-    `algo.returns = "per_turn"`: per-token advantages, see grpo_stream.hub.episodes)."""
+    `algo.returns = "per_turn"`: per-token advantages, see grpo_stream.hub.episodes), shaped
+    by `overlong` (`grpo_stream.algo.overlong`: the soft penalty enters the advantages only;
+    under mask the truncated completions become no sequence)."""
     import torch
 
     from grpo_stream.algo.advantages import group_advantages
-    from grpo_stream.hub.episodes import is_episode, per_turn_token_advantages
 
+    overlong = overlong or Overlong()
     rewards = np.asarray(scored.rewards, dtype=np.float32)
-    result = group_advantages(torch.from_numpy(rewards.copy()), settings, batch_std=batch_std)
+    shaped = overlong.rewards(rewards, rollout.completion_offsets, rollout.sampling.max_tokens)
+    result = group_advantages(torch.from_numpy(shaped.copy()), settings, batch_std=batch_std)
     valid = result.valid_mask.numpy().astype(bool)
-    zero_signal = bool(result.zero_signal)
+    failed = not valid.any()
+    valid = overlong.trained(valid, list(rollout.truncated))
+    zero_signal = bool(result.zero_signal) or not valid.any()  # nothing left to train
     token_adv = np.zeros(0, np.float32)
     if is_episode(rollout) and returns == "per_turn":
         token_adv, zero_signal = per_turn_token_advantages(rollout, valid, gamma, settings)
@@ -75,7 +83,7 @@ def assemble(
         loss_mask=np.array(rollout.loss_mask, dtype=np.uint8),
         token_advantages=token_adv,
     )
-    return Assembled(group=group, zero_signal=zero_signal, failed=not valid.any())
+    return Assembled(group=group, zero_signal=zero_signal, failed=failed)
 
 
 def kept(g: Group) -> Iterator[tuple[int, int, int]]:
@@ -131,7 +139,9 @@ def shard(
     ids: list[np.ndarray] = []
     logps: list[np.ndarray] = []
     prompt_lens, advs, rewards, versions = [], [], [], []
+    per_group = []  # sequences of each group
     for g in groups:
+        per_group.append(sum(1 for _ in kept(g)))
         for i, lo, hi in kept(g):
             ids.append(np.concatenate([g.prompt_ids, g.completion_ids[lo:hi]]))
             logps.append(g.logprobs[lo:hi])
@@ -155,6 +165,7 @@ def shard(
         advantages=np.array(advs, dtype=np.float32),
         rewards=np.array(rewards, dtype=np.float32),
         versions=np.array(versions, dtype=np.int32),
+        group_offsets=np.concatenate([[0], np.cumsum(per_group)]).astype(np.int64),
         totals=totals,
         sampling=sampling,
         stats=stats,
@@ -191,8 +202,10 @@ def step_stats(
     generators: list[Peer],
     buffer_size: int,
     peers_lost: int,
+    distill_kl: float = float("nan"),
 ) -> StepStats:
-    """A step's statistics as the hub knows them when it serves the step."""
+    """A step's statistics as the hub knows them when it serves the step (`distill_kl`: the
+    mean reverse KL from the teacher of the step's taught groups, NaN without a teacher)."""
     mean, std, pass_rate = reward_stats(groups, filtered_rewards)
     c = ledger.counters
     reports = [p.generator for p in generators if p.generator is not None]
@@ -201,6 +214,7 @@ def step_stats(
         reward_std=std,
         pass_rate=pass_rate,
         staleness_mean=mean_staleness(groups, ledger.staleness),
+        staleness_counts=staleness_counts(groups, ledger.staleness),
         groups_dispatched=c["dispatched"],
         groups_trained=c["trained"],
         groups_filtered=c["filtered"],
@@ -215,6 +229,10 @@ def step_stats(
         gen_instances=[p.instance for p in generators if p.generator is not None],
         gen_tokens_per_s=[r.tokens_per_s for r in reports],
         gen_wait_s=float(sum(r.wait_s for r in reports)),
+        step_groups=len(groups),
+        groups_refilled=c["refilled"],
+        signal_rate=ledger.refill.signal_rate(),
+        distill_kl=distill_kl,
     )
 
 
@@ -226,6 +244,7 @@ def offline_stats(groups: list[Group]) -> StepStats:
         reward_std=std,
         pass_rate=pass_rate,
         staleness_mean=0.0,
+        staleness_counts=[],
         groups_dispatched=0,
         groups_trained=0,
         groups_filtered=0,
@@ -240,6 +259,10 @@ def offline_stats(groups: list[Group]) -> StepStats:
         gen_instances=[],
         gen_tokens_per_s=[],
         gen_wait_s=0.0,
+        step_groups=len(groups),
+        groups_refilled=0,
+        signal_rate=1.0,
+        distill_kl=float("nan"),
     )
 
 
@@ -248,6 +271,13 @@ def mean_staleness(groups: list[Group], staleness: Callable[[int], int]) -> floa
     the ledger's, the one owner)."""
     behind = [staleness(g.policy_version) for g in groups for _ in kept(g)]
     return float(np.mean(behind)) if behind else 0.0
+
+
+def staleness_counts(groups: list[Group], staleness: Callable[[int], int]) -> list[int]:
+    """How many of the sequences the groups become are 0, 1, 2, ... versions behind the
+    trainer (`staleness`: the ledger's); empty when there are none."""
+    behind = [staleness(g.policy_version) for g in groups for _ in kept(g)]
+    return np.bincount(behind).tolist() if behind else []
 
 
 def reward_stats(groups: list[Group], filtered_rewards: list[float]) -> tuple[float, float, float]:

@@ -74,7 +74,7 @@ class DirectPayloads:
         if self.ledger.is_stale(msg.policy_version):
             self.ledger.finish(msg.group_id, "stale")
             return
-        self.rollouts[msg.group_id] = shell_rollout(msg, "", {})
+        self.rollouts[msg.group_id] = shell_rollout(msg)
         self.where[msg.group_id] = (peer.instance, msg.source, msg.digest)
 
     def score_request(self, lease_id: int, group_id: int) -> ScoreRef:
@@ -149,14 +149,15 @@ class DirectPayloads:
 
     def _scorer_lost(self, peer: Peer, msg: PayloadLost, refuse: Callable[[str], None]) -> None:
         for gid in msg.group_ids:
-            lease = self.ledger.leases.get(self.ledger.lease_of.get(gid, -1))
+            lease = self.ledger.leases.holding(gid)
             if lease is None or lease.kind != "score" or lease.holder != peer.instance:
                 refuse(f"group {gid}: {peer.instance} holds no score lease on it")
                 continue
             if self.ledger.regenerate(gid):
                 self.rollouts.pop(gid, None)
                 self.where.pop(gid, None)
-                log.warning("payloads.score_fetch_lost", group_id=gid, reason=msg.reason)
+                emit = log.error if "refused" in msg.codes else log.warning
+                emit("payloads.score_fetch_lost", group_id=gid, reason=msg.reason)
 
     def prune(self) -> None:
         """Forget groups that left the pipeline and the buffer (trained, stale, ...)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 import numpy as np
@@ -25,9 +25,17 @@ from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.teaching import TeachRequest
 from grpo_stream.tasks import Task
 
 Send = Callable[[bytes, m.Message], object]
+
+
+class Teachers(Protocol):
+    """Distillation: builds the request of a group held for a teacher
+    (`grpo_stream.hub.teaching.Teaching`)."""
+
+    def request(self, lease_id: int, group_id: int) -> TeachRequest: ...
 
 
 class ScoreRefs(Protocol):
@@ -99,17 +107,18 @@ class Dispatcher:
         self.dispatched: Counter[str] = Counter()  # prompts handed to each generator
         self._shares: tuple[float, list[str], dict[str, float]] = (-1.0, [], {})
 
-    def generators(self, now: float) -> None:
+    def generators(self, now: float, excluded: Collection[str] = ()) -> None:
+        """Lease prompts to generators with credits (none to the `excluded`: quarantined)."""
         available = len(self.ledger.retry) + self.ledger.capacity()
         if available <= 0:
             return
-        gens = self.registry.of("generator")
+        gens = [p for p in self.registry.of("generator") if p.instance not in excluded]
         if not any(p.credits > 0 for p in gens):
             return
         shares = self._current_shares([p.instance for p in gens], now)
         by_name = {p.instance: p for p in gens}
         batch = self.cfg.generator.prompts_per_request
-        held = self.ledger.held_by()
+        held = self.ledger.leases.held_by()
         for name, count in allocate(gens, shares, held, available, batch).items():
             peer = by_name[name]
             taken = self.ledger.take_for_generation(peer.instance, count, now)
@@ -160,14 +169,25 @@ class Dispatcher:
                 if refs is not None:
                     self.send(peer.identity, refs.score_request(lease.lease_id, gid))
                     continue
-                ro = rollouts[gid]
-                self.send(
+                problem = self.task.problem(gid)  # the hub's prompt and reference, never the
+                self.send(  # generator's: a Rollout carries neither
                     peer.identity,
                     m.ScoreRequest(
                         lease_id=lease.lease_id,
                         group_id=gid,
-                        prompt=ro.prompt,
-                        completions=list(ro.texts),
-                        reference=dict(ro.reference),
+                        prompt=problem.prompt,
+                        completions=list(rollouts[gid].texts),
+                        reference=dict(problem.reference),
                     ),
                 )
+
+    def teachers(self, now: float, teaching: Teachers) -> None:
+        """Lease groups waiting for a teacher to teachers with credits, one group each."""
+        for peer in self.registry.of("teacher"):
+            while peer.credits > 0:
+                taken = self.ledger.take_for_teaching(peer.instance, now)
+                if taken is None:
+                    return
+                lease, gid = taken
+                peer.credits -= 1
+                self.send(peer.identity, teaching.request(lease.lease_id, gid))

@@ -9,10 +9,12 @@ ledger's accounting is unchanged.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from grpo_stream.algo.returns import per_turn_advantages, token_advantages
-from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.config.algo import AdvantageSettings
 from grpo_stream.protocols.messages import Rollout, Scored
 
 
@@ -76,3 +78,34 @@ def per_turn_token_advantages(
     ]
     flat = np.concatenate(out) if out else np.zeros(0, np.float32)
     return flat.astype(np.float32), result.zero_signal
+
+
+class FailureAlarm:
+    """The run-level alarm on failed episodes (an environment or agent that raised, hung or
+    exceeded a limit: NaN episode rewards). It fires when at least `share` of the last
+    `window` episodes failed, once per crossing: it re-arms when the share falls below."""
+
+    def __init__(self, share: float, window: int) -> None:
+        self.share = share
+        self.recent: deque[bool] = deque(maxlen=window)
+        self.firing = False
+        self.fired = 0
+
+    def add(self, rollout: Rollout) -> str | None:
+        """Count a group's episodes; the alarm's one line when it fires now, else None."""
+        self.recent.extend(bool(np.isnan(r)) for r in np.asarray(rollout.episode_rewards))
+        failed = sum(self.recent)
+        full = len(self.recent) == self.recent.maxlen
+        if not full or failed < self.share * len(self.recent):
+            self.firing = False
+            return None
+        if self.firing:
+            return None
+        self.firing = True
+        self.fired += 1
+        last = rollout.errors[-1] if rollout.errors else "no error reported"
+        return (
+            f"{failed} of the last {len(self.recent)} episodes failed "
+            f"(env.alarm_failed_share={self.share}, env.alarm_window={self.recent.maxlen}); "
+            f"last error: {last}"
+        )

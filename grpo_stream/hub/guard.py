@@ -6,18 +6,21 @@ the shared rate limiter. Each check returns None (accepted) or the refusal's rea
 
 What a stranger can no longer do (without CURVE, any process on the network can connect):
 - say Hello in any role, when the hub has the run's secret (`up` always gives it one);
+- act in a peer's session: every message after Hello is sealed with its session's key
+  (`grpo_stream.session.hub`), and ask for status without the secret or its status token;
 - under CURVE, say Hello in a role other than its key's (`keys init` writes one per role);
 - send a Scored whose rewards do not match the group's G completions (crashed the hub);
-- ask for a batch of a step or version the trainer cannot have reached (froze the run);
+- ask for a batch of a step or version the trainer cannot have reached (froze the run:
+  `BatchDesk.refusal`);
 - say Hello as a second rank-0 trainer while the trainer is alive, to point every
   generator's weight fetches at its own endpoints;
 - take over a live peer's connection by reusing its identity (the hub's ROUTER refuses a
   second connection with an identity in use: see `grpo_stream.transport.sockets`).
+What an authenticated peer cannot do is checked in `grpo_stream.hub.trust` (leases, content,
+quarantine).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,17 +28,22 @@ from grpo_stream.hub.auth import HelloAuth, KeyRoles
 from grpo_stream.hub.registry import Registry
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import RolloutMeta
-
-if TYPE_CHECKING:  # serving imports payload_refs, which imports this module
-    from grpo_stream.hub.serving import BatchDesk
+from grpo_stream.protocols.teaching import Taught
 
 WORKS = {
     m.Rollout: "generator",
     RolloutMeta: "generator",
     m.Scored: "scorer",
+    Taught: "teacher",
     m.BatchRequest: "trainer",
+    m.RolloutEvidence: "trainer",
 }
 """The only service that may send each kind of result."""
+
+TRUST = frozenset(
+    {"bad_hello", "bad_seal", "bad_status_request", "bad_lease", "bad_content", "quarantined"}
+)
+"""Refusals of what only a stranger or a misbehaving peer sends: each an error event."""
 
 
 def check_role(service: str, msg: m.Message) -> str | None:
@@ -60,14 +68,19 @@ def check_hello(
     if roles is not None and (wrong := roles.check(hello.service, user_id)) is not None:
         return wrong
     if hello.service != "trainer" or hello.rank != 0:
-        if hello.endpoints:
+        if hello.endpoints is not None:
             return f"only the rank-0 trainer announces endpoints, not {hello.service}"
         return None
     for peer in registry.of("trainer"):
         if peer.rank == 0 and peer.instance != hello.instance:
             return f"trainer {peer.instance} (pid {peer.pid}) is rank 0 and alive"
-    for name, address in hello.endpoints.items():
-        if not isinstance(address, str) or not address.startswith(("tcp://", "ipc://")):
+    if hello.endpoints is None:
+        return None
+    for name, address in (
+        ("weights", hello.endpoints.weights),
+        ("announce", hello.endpoints.announce),
+    ):
+        if not address.startswith(("tcp://", "ipc://")):
             return f"endpoint {name!r} is not a tcp:// or ipc:// address"
     return None
 
@@ -109,22 +122,4 @@ def check_scored(msg: m.Scored, rollout: m.Rollout | None) -> str | None:
         return f"scored group {msg.group_id} has {len(msg.rewards)} rewards for G={g}"
     if np.asarray(msg.components).size != len(msg.component_names) * g:
         return f"scored group {msg.group_id}: components are not {len(msg.component_names)}x{g}"
-    return None
-
-
-def check_batch_request(msg: m.BatchRequest, desk: BatchDesk, ranks: int = 1) -> str | None:
-    """Within what the trainer can have asked: from one of its `ranks` ranks, at most one
-    step past the last served, at a version the ledger finds plausible
-    (`Ledger.plausible_trainer_version`)."""
-    if not 0 <= msg.rank < msg.world_size <= ranks:
-        return f"only the trainer's {ranks} rank(s) ask for batches"
-    if msg.step < 0 or msg.trainer_version < 0 or msg.attempt < 0:
-        return "negative step, version or attempt"
-    if desk.last is None:
-        return None  # nothing served yet (or forgotten): any resumed trainer is plausible
-    if msg.step > desk.last.step + 1:
-        return f"step {msg.step}: the last step served is {desk.last.step}"
-    highest = desk.ledger.plausible_trainer_version()
-    if msg.trainer_version > highest:
-        return f"version {msg.trainer_version}: the trainer cannot be past {highest}"
     return None

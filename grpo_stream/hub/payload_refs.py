@@ -39,7 +39,7 @@ def check_meta(meta: RolloutMeta, group_size: int) -> str | None:
     return None
 
 
-def shell_rollout(meta: RolloutMeta, prompt: str, reference: dict[str, object]) -> m.Rollout:
+def shell_rollout(meta: RolloutMeta) -> m.Rollout:
     """What the hub keeps of a group it does not hold: lengths as offsets, no tokens, empty
     texts (G of them, so the Scored checks and `assemble` see the group's size)."""
     lens = np.asarray(meta.completion_lens, dtype=np.int64)
@@ -48,8 +48,8 @@ def shell_rollout(meta: RolloutMeta, prompt: str, reference: dict[str, object]) 
     empty = np.zeros(0, dtype=np.int32)
     return m.Rollout(
         lease_id=meta.lease_id, group_id=meta.group_id, instance=meta.instance,
-        policy_version=meta.policy_version, prompt=prompt, reference=dict(reference),
-        prompt_ids=empty, completion_ids=empty, completion_offsets=offsets,
+        policy_version=meta.policy_version, prompt_ids=empty, completion_ids=empty,
+        completion_offsets=offsets,
         logprobs=np.zeros(0, dtype=np.float32), texts=[""] * len(lens),
         truncated=list(meta.truncated), gen_seconds=meta.gen_seconds, sampling=meta.sampling,
     )  # fmt: skip

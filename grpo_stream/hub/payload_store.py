@@ -15,7 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import os
 import socket
@@ -30,10 +29,12 @@ import structlog
 import zmq
 
 from grpo_stream.config import RunConfig
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols import messages as m
-from grpo_stream.protocols.payloads import PayloadRequest, RolloutMeta, payload_digest
+from grpo_stream.protocols.digest import payload_digest
+from grpo_stream.protocols.payloads import PayloadRequest, RolloutMeta
 from grpo_stream.transport.errors import TransportError
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.server_thread import ServerThread
 from grpo_stream.transport.sockets import Client, Context, Server
 
 log = structlog.get_logger()
@@ -101,52 +102,28 @@ class PayloadServer:
         settings: TransportSettings,
         security: SecuritySettings,
         store: PayloadStore,
+        guarded: bool = False,
     ) -> None:
         self.store = store
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-        self.address = ""
-        self._thread = threading.Thread(
-            target=contextvars.copy_context().run,
-            args=(self._run, ctx, bind, settings, security),
-            name="payload-server",
-            daemon=True,
+        # guarded: its generator holds the run's secret (it may bind beyond loopback)
+        self._serving = ServerThread(
+            ctx, bind, settings, security, "payloads", self._serve, guarded, "hub.payload_bind"
         )
-        self._thread.start()
-        if not self._ready.wait(timeout=30.0) or self._failure is not None:
-            self._stop.set()
-            raise TransportError(f"payload server failed to start on {bind}: {self._failure}")
+        self.address = self._serving.address
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10.0)
+        self._serving.close()
 
-    def _run(
-        self, ctx: Context, bind: str, settings: TransportSettings, security: SecuritySettings
-    ) -> None:
-        try:
-            server = Server(ctx, bind, settings, security, "payloads")
-        except Exception as exc:
-            self._failure = exc
-            self._ready.set()
-            return
-        self.address = server.address
-        self._ready.set()
-        try:
-            while not self._stop.is_set():
-                got = server.recv(POLL_MS)
-                if got is None:
-                    continue
-                peer, msg = got
-                if isinstance(msg, PayloadRequest):
-                    server.send(peer, self.store.answer(msg))
-                else:
-                    server.send(peer, m.Error(code="unexpected_kind", message=f"{msg.KIND} here"))
-        except Exception:
-            log.exception("payloads.serving_failed")
-        finally:
-            server.close()
+    def _serve(self, server: Server, stop: threading.Event) -> None:
+        while not stop.is_set():
+            got = server.recv(POLL_MS)
+            if got is None:
+                continue
+            peer, msg = got
+            if isinstance(msg, PayloadRequest):
+                server.send(peer, self.store.answer(msg))
+            else:
+                server.send(peer, m.Error(code="unexpected_kind", message=f"{msg.KIND} here"))
 
 
 def store_capacity(cfg: RunConfig) -> int:
@@ -168,10 +145,19 @@ class PayloadOutbox:
     """A generator's way out under hub.payloads = "direct": `send` keeps a Rollout in the
     store and sends its RolloutMeta to the hub (anything else goes to the hub as it is)."""
 
-    def __init__(self, link: Sender, ctx: Context, cfg: RunConfig, security: SecuritySettings):
+    def __init__(
+        self,
+        link: Sender,
+        ctx: Context,
+        cfg: RunConfig,
+        security: SecuritySettings,
+        guarded: bool = False,
+    ) -> None:
         self.link = link
         self.store = PayloadStore(store_capacity(cfg))
-        self.server = PayloadServer(ctx, cfg.hub.payload_bind, cfg.transport, security, self.store)
+        self.server = PayloadServer(
+            ctx, cfg.hub.payload_bind, cfg.transport, security, self.store, guarded
+        )
         self.source = _reachable(self.server.address)
 
     def send(self, msg: m.Message) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from grpo_stream.protocols.messages import GeneratorStats, Heartbeat
 from grpo_stream.transport.heartbeat import Heartbeats
+from grpo_stream.transport.seal import Opener
 
 
 @dataclass
@@ -25,6 +26,10 @@ class Peer:
     generator: GeneratorStats | None = None  # a generator's last reported counters
     hub_rtt_s: float | None = None
     joined: int = 1  # times this instance registered (restarts)
+    opener: Opener | None = field(default=None, repr=False)
+    """With the run's secret: checks the seal of every message of this peer's session."""
+    user_id: str | None = None
+    """Under CURVE: the client key its Hello came with; every message must come with it."""
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -35,7 +35,7 @@ class Group:
     logprobs: np.ndarray  # (sum_i L_i,) float32
     rewards: np.ndarray  # (G,) float32, NaN where a reward failed
     advantages: np.ndarray  # (G,) float32, 0 where the reward failed
-    valid: np.ndarray  # (G,) bool: completions that carry a reward
+    valid: np.ndarray  # (G,) bool: completions that carry a reward and are trained
     sampling: SamplingParams  # how the completions were sampled (the Rollout's)
     truncated: list[bool] = field(default_factory=list)
     uses: int = 0
@@ -48,6 +48,8 @@ class Group:
     then lengths only: empty ids and log-probs, real offsets); "" when the hub holds them."""
     digest: str = ""
     """hub.payloads = "direct": the payload's digest (`protocols.payloads.payload_digest`)."""
+    distill_kl: float = float("nan")
+    """Distillation: the mean reverse KL of its completions from the teacher (NaN: untaught)."""
 
     @property
     def size(self) -> int:
@@ -67,6 +69,7 @@ class Group:
             "sampling": asdict(self.sampling),
             "source": self.source,
             "digest": self.digest,
+            "distill_kl": self.distill_kl,
         }
         for name in ARRAY_FIELDS:
             arr = np.ascontiguousarray(getattr(self, name))
@@ -89,6 +92,7 @@ class Group:
             sampling=SamplingParams(**state["sampling"]),
             source=str(state.get("source", "")),  # checkpoints from before direct payloads
             digest=str(state.get("digest", "")),
+            distill_kl=float(state.get("distill_kl", float("nan"))),  # older: none
             **arrays,
         )
 

@@ -1,7 +1,9 @@
 """Answering the trainer ranks' batch requests.
 
 A step is served once every one of its W ranks has asked for it and the replay buffer holds
-`groups_per_step` groups fresh enough for the trainer's version: groups staler than
+`groups_per_step` groups fresh enough for the trainer's version (less the step's holes: slots
+whose groups came back without signal once its refills were used up, see
+`grpo_stream.hub.ledger`; such a step is served short): groups staler than
 `max_staleness` are evicted first (counted stale if they were never used), the step's groups
 are sampled, split W ways (rank r gets groups r, r+W, ...) and sent, one shard per rank.
 
@@ -15,6 +17,11 @@ groups; a request for a step the hub already served with another key means the t
 went back (it resumed from an older checkpoint, or skipped that step): the groups of those
 steps were trained by a timeline that no longer exists and move from trained to discarded.
 So `trained` always equals the groups in the trainer's surviving steps.
+
+A batch that kills the trainer is not served again as is: when the rank-0 trainer died
+(`trainer_died`) `crash_limit` times in a row holding the last step served, before asking for
+the next, the repeated request gets new groups; the old ones end failed (`batch.poisoned`,
+one error event) and the hub checkpoints, so its journal cannot count them trained again.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ class BatchDesk:
         send: Send,
         stats: Stats,
         journal: SendJournal | None = None,
+        crash_limit: int = 2,
+        checkpoint: Callable[[], None] | None = None,
     ) -> None:
         self.hub = hub
         self.ledger = ledger
@@ -62,10 +71,35 @@ class BatchDesk:
         self.seq = 0  # sequence number of the last step served
         self.last: Sent | None = None  # the last step served, to answer a repeated request
         self.history: deque[tuple[int, list[int]]] = deque(maxlen=HISTORY_STEPS)
+        self.crash_limit = crash_limit
+        self.checkpoint = checkpoint
+        self.deaths = 0  # rank-0 trainer deaths holding `last`, with no later step asked
+
+    def refusal(self, request: m.BatchRequest, ranks: int) -> str | None:
+        """Why `request` is beyond what the trainer can have asked (None: it is not): it
+        must come from one of its `ranks` ranks, at most one step past the last served, at
+        a version the ledger finds plausible (`Ledger.plausible_trainer_version`). A
+        request refused here changes nothing (see `grpo_stream.hub.guard`)."""
+        if not 0 <= request.rank < request.world_size <= ranks:
+            return f"only the trainer's {ranks} rank(s) ask for batches"
+        if request.step < 0 or request.trainer_version < 0 or request.attempt < 0:
+            return "negative step, version or attempt"
+        if self.last is None:
+            return None  # nothing served yet (or forgotten): any resumed trainer is plausible
+        if request.step > self.last.step + 1:
+            return f"step {request.step}: the last step served is {self.last.step}"
+        highest = self.ledger.plausible_trainer_version()
+        if request.trainer_version > highest:
+            return f"version {request.trainer_version}: the trainer cannot be past {highest}"
+        return None
 
     def add(self, identity: bytes, request: m.BatchRequest) -> None:
         """A rank's request; its version is what the trainer is at (the ledger's to know)."""
         self.ledger.observe_trainer(request.trainer_version)
+        if self.last is not None and request.step > self.last.step:
+            self.deaths = 0  # the trainer got past the last step served
+        if self.last is not None and self.last.answers(request) and self.deaths >= self.crash_limit:
+            self._poison()
         if self.last is not None and self.last.answers(request):
             self.send(identity, self.last.shard(request.rank))  # idempotent: the same batch
             log.info(
@@ -96,6 +130,31 @@ class BatchDesk:
             self.last = None
         log.warning("batch.timeline_discarded", from_step=step, steps=len(gone), groups=n)
 
+    def trainer_died(self) -> None:
+        """The rank-0 trainer was lost or left without finishing the run."""
+        if self.last is not None:
+            self.deaths += 1
+
+    def _poison(self) -> None:
+        """The last step served killed the trainer `crash_limit` times: forget it; its first
+        uses end failed, its groups leave the buffer; the repeat gets new groups."""
+        last = self.last
+        if last is None:
+            return
+        first = last.first_uses()
+        self.ledger.retract_trained(len(first))
+        self.buffer.drop(set(last.groups))
+        self.last = None
+        if self.history and self.history[-1][0] == last.step:
+            self.history.pop()
+        log.error(
+            "batch.poisoned", step=last.step, groups=list(last.groups), deaths=self.deaths,
+            hint="the trainer died on this batch every time it got it: new groups instead",
+        )  # fmt: skip
+        self.deaths = 0
+        if self.checkpoint is not None:
+            self.checkpoint()
+
     def drop(self, identity: bytes) -> None:
         """Forget what a lost rank asked for (it asks again when it rejoins)."""
         self.pending = deque((i, r) for i, r in self.pending if i != identity)
@@ -112,7 +171,7 @@ class BatchDesk:
                 if g.uses == 0:
                     self.ledger.finish(g.group_id, "stale")
             ready = self.buffer.ready(self.ledger.is_stale)
-            if ready < self.hub.groups_per_step:
+            if ready < self.ledger.refill.need():  # groups_per_step less the step's holes
                 return
             self.pending = deque((i, r) for i, r in self.pending if r.step != head.step)
             self._send_step(head, ranks, world)
@@ -136,6 +195,7 @@ class BatchDesk:
             step=head.step,
             trainer_version=head.trainer_version,
             groups=ids,
+            short=self.hub.groups_per_step - len(ids),  # dynamic sampling's holes
             sequences=seqs,
             seq=record.seq,
         )
@@ -146,7 +206,7 @@ class BatchDesk:
         self.seq = record.seq
         self.last = record
         self.history.append((record.step, record.first_uses()))
-        self.ledger.step_served(record.version)
+        self.ledger.step_served(record.version, len(record.groups))
 
     def unserve(self, step: int, version: int, attempt: int) -> list[int] | None:
         """The trainer could not build the last step served (hub.payloads = "direct": a

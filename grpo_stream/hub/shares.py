@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from grpo_stream.config.hardware import HardwareSettings
 from grpo_stream.hardware.device import HostFingerprint
 from grpo_stream.hardware.score import (
     Features,
@@ -25,7 +26,6 @@ from grpo_stream.hardware.score import (
     expected_throughput,
     work_shares,
 )
-from grpo_stream.hardware.settings import HardwareSettings
 
 log = structlog.get_logger()
 

@@ -4,9 +4,10 @@ Every `run.stall_report_s` seconds without a batch served to the trainer, `check
 `hub.stall` warning naming the most likely cause and the setting to change, diagnosed from
 the hub's own state in this order: a service kind not connected; every group scored since
 the last batch filtered as zero-signal (with the reward distribution); groups failing to
-score; the trainer not asking; scorers busy; the staleness gate closed; generators working
-or idle. After `run.stall_abort_s` (off by default) `check` raises `StallAbort` with that
-reason, which stops the hub with `grpo_stream.exits.EXIT_ABORTED` (`up` does not restart it).
+score; the trainer not asking; scorers busy; teachers busy; the staleness gate closed;
+generators working or idle. After `run.stall_abort_s` (off by default) `check` raises
+`StallAbort` with that reason, which stops the hub with `grpo_stream.exits.EXIT_ABORTED`
+(`up` does not restart it).
 
 Progress is a step served: the ledger's `trained` count or the trainer version the hub
 serves moving on. The clock runs from the trainer's first request after the last step served
@@ -17,17 +18,32 @@ hub's start (reported as "the trainer has not asked").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import structlog
 
-from grpo_stream.config import RunSettings
-
-if TYPE_CHECKING:
-    from grpo_stream.services.grouper import Grouper
+from grpo_stream.config import RunConfig, RunSettings
+from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.registry import Registry
+from grpo_stream.hub.replay import ReplayBuffer
+from grpo_stream.hub.serving import BatchDesk
 
 log = structlog.get_logger()
+
+
+class Hub(Protocol):
+    """What the watchdog reads of the hub (`grpo_stream.services.grouper.Grouper`)."""
+
+    cfg: RunConfig
+    ledger: Ledger
+    desk: BatchDesk
+    registry: Registry
+    buffer: ReplayBuffer
+
+    @property
+    def window_rewards(self) -> list[float]:
+        """Rewards of the groups filtered as zero-signal since the last step served."""
 
 
 class StallAbort(RuntimeError):
@@ -57,7 +73,7 @@ class Watchdog:
         self.next_report = now + self.report_s
         self.reports = 0
 
-    def check(self, now: float, hub: Grouper) -> None:
+    def check(self, now: float, hub: Hub) -> None:
         """Report a stall when one is due; raise StallAbort past the abort deadline."""
         counters = hub.ledger.counters
         trained, version = int(counters["trained"]), hub.ledger.next_version
@@ -86,15 +102,18 @@ class Watchdog:
         self.next_report = now + self.report_s
 
 
-def diagnose(hub: Grouper, mark: Mark) -> str:
+def diagnose(hub: Hub, mark: Mark) -> str:
     """The most likely reason nothing reached the trainer since `mark`, with what to change."""
     for service, how in (
         ("trainer", "start one: grpo-stream run trainer --hub ADDR"),
         ("generator", "start one, or see its log: it may still be loading the model"),
         ("scorer", "start one: grpo-stream run scorer --hub ADDR"),
+        ("teacher", "start one: grpo-stream run teacher --hub ADDR"),
     ):
         if service == "scorer" and hub.cfg.env.enabled:
             continue  # episodes are scored by the hub on arrival: no scorer runs
+        if service == "teacher" and hub.cfg.algo.distill.teacher is None:
+            continue  # no distillation: no teacher runs
         if not hub.registry.of(service):
             return f"no {service} connected ({how})"
     counters = hub.ledger.counters
@@ -129,7 +148,7 @@ def zero_signal(filtered: int, failed: int, rewards: list[float]) -> str:
     )
 
 
-def _pipeline(hub: Grouper, fresh: int) -> str:
+def _pipeline(hub: Hub, fresh: int) -> str:
     """Nothing filtered or failed: where the groups wait."""
     ledger, need = hub.ledger, hub.cfg.hub.groups_per_step
     if not hub.desk.pending:
@@ -140,7 +159,13 @@ def _pipeline(hub: Grouper, fresh: int) -> str:
             f"{len(ledger.to_score)} groups wait for a scorer, all busy: raise scorer.count "
             "or scorer.workers"
         )
-    held = sum(ledger.held_by().values())
+    teachers = hub.registry.of("teacher")
+    if ledger.to_teach and not any(p.credits > 0 for p in teachers):
+        return (
+            f"{len(ledger.to_teach)} groups wait for a teacher, all busy: raise teacher.count "
+            "(or give the teacher a GPU: teacher.device)"
+        )
+    held = sum(ledger.leases.held_by().values())
     if held:
         return (
             f"generators are working on {held} groups ({fresh} of {need} ready): generation "

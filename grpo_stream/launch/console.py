@@ -17,7 +17,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-COLOURS = {"grouper": "magenta", "trainer": "cyan", "generator": "green", "scorer": "yellow"}
+COLOURS = {
+    "grouper": "magenta",
+    "trainer": "cyan",
+    "generator": "green",
+    "scorer": "yellow",
+    "teacher": "blue",
+}
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 QUIET = {
     "batch.generated",
@@ -34,7 +40,7 @@ QUIET = {
 SKIP_FIELDS = {"event", "level", "ts", "t", "service", "instance", "host", "config"}
 REPEAT_S = 60.0
 """An event repeating is shown at most once per this many seconds."""
-ALWAYS = {"trainer.step", "hub.stall", "hub.stall_abort"}
+ALWAYS = {"trainer.step", "trainer.samples", "hub.stall", "hub.stall_abort"}
 """Events never held back as repeats (each says something new)."""
 
 

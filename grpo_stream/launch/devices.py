@@ -18,15 +18,20 @@ import json
 import math
 import socket
 import struct
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+import structlog
 
 from grpo_stream.config import RunConfig
+from grpo_stream.config.cluster import ClusterFile
+from grpo_stream.hardware.cluster import host_devices
 from grpo_stream.hardware.device import DeviceFingerprint, HostFingerprint
+from grpo_stream.hardware.nvml import NvmlUnavailable, read_nvml
+from grpo_stream.hardware.specs import derive_gpu
 from grpo_stream.launch.placement import HostDevices, Placement, Slot, place
+from grpo_stream.launch.side import check_without_gpus, place_side, reward_model_paths
+from grpo_stream.models.loading import resolve_model
 
 
 def local_host(
@@ -40,25 +45,17 @@ def local_host(
         visible=environ.get("CUDA_VISIBLE_DEVICES"),
         trainer_ranks=cfg.trainer.ranks,
         generators=cfg.generator.count,
+        scorers=cfg.scorer.count,
         trainer_gpus=list(cfg.trainer.devices),
         generator_gpus=list(cfg.generator.devices),
     )
 
 
-def cluster_hosts(path: Path, launch: Any, environ: dict[str, str]) -> list[HostDevices]:
-    """Every host of a cluster file, its GPUs from the file's `devices` (launch: the parsed
-    LaunchCluster, for each host's services, gpus and env)."""
-    from grpo_stream.hardware.cluster import ClusterError, HostEntry, host_devices
-
-    raw = tomllib.loads(Path(path).read_text())
+def cluster_hosts(cluster: ClusterFile, environ: dict[str, str]) -> list[HostDevices]:
+    """Every host of a cluster file with its GPUs (from its `devices`), services and gpus."""
     out = []
-    for position, (entry, host) in enumerate(zip(raw["hosts"], launch.hosts, strict=True)):
-        try:
-            parsed = HostEntry.model_validate({"address": host.address, **entry})
-        except ValidationError as exc:
-            msg = exc.errors()[0]["msg"]
-            raise ClusterError(f"invalid cluster file {path}: hosts.{position}: {msg}") from None
-        devices = host_devices(parsed, position, live=lambda: local_fingerprint().devices)
+    for position, host in enumerate(cluster.hosts):
+        devices = host_devices(host, position, live=lambda: local_fingerprint().devices)
         visible = host.env.get("CUDA_VISIBLE_DEVICES")
         if host.launcher == "local" and visible is None:
             visible = environ.get("CUDA_VISIBLE_DEVICES")
@@ -69,6 +66,7 @@ def cluster_hosts(path: Path, launch: Any, environ: dict[str, str]) -> list[Host
                 visible=visible,
                 trainer_ranks=host.count("trainer"),
                 generators=host.count("generator"),
+                scorers=host.count("scorer"),
                 trainer_gpus=list(host.gpus.get("trainer", [])),
                 generator_gpus=list(host.gpus.get("generator", [])),
                 where=host.name,
@@ -82,7 +80,6 @@ def model_params(cfg: RunConfig) -> int | None:
     model is not a local directory)."""
     if cfg.model.params is not None:
         return cfg.model.params
-    from grpo_stream.models.loading import resolve_model
 
     try:
         folder = Path(resolve_model(cfg.model.name_or_path))
@@ -92,12 +89,37 @@ def model_params(cfg: RunConfig) -> int | None:
     return sum(_count(f) for f in files) if files else None
 
 
-def _count(path: Path) -> int:
-    """Parameters listed in a safetensors header (8-byte length, then JSON of shapes)."""
+def _header(path: Path) -> dict[str, Any]:
+    """A safetensors header (8-byte length, then JSON of dtypes and shapes), no metadata."""
     with path.open("rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
         header: dict[str, Any] = json.loads(f.read(size))
-    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    header.pop("__metadata__", None)
+    return header
+
+
+def _count(path: Path) -> int:
+    """Parameters listed in a safetensors header."""
+    return sum(math.prod(v["shape"]) for v in _header(path).values())
+
+
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2,
+               "BF16": 2, "I16": 2, "U16": 2}  # fmt: skip
+"""Bytes per element of safetensors dtypes (the rest, 8-bit and bool, take 1)."""
+
+
+def model_bytes(name_or_path: str) -> int | None:
+    """The bytes of a local model directory's safetensors tensors, as stored (None when it
+    is not a local directory with safetensors, e.g. a hub name)."""
+    try:
+        folder = Path(resolve_model(name_or_path)).expanduser()
+    except FileNotFoundError:
+        return None
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        return None
+    tensors = [v for f in files for v in _header(f).values()]
+    return sum(int(math.prod(v["shape"])) * DTYPE_BYTES.get(v["dtype"], 1) for v in tensors)
 
 
 def assigned(fingerprint: HostFingerprint, environ: dict[str, str]) -> HostFingerprint:
@@ -114,8 +136,6 @@ def assigned(fingerprint: HostFingerprint, environ: dict[str, str]) -> HostFinge
 
 def announce(fingerprint: HostFingerprint, environ: dict[str, str]) -> HostFingerprint:
     """`assigned`, logged as `devices.assigned` with the fingerprint ids (once, at start)."""
-    import structlog
-
     mine = assigned(fingerprint, environ)
     structlog.get_logger().info(
         "devices.assigned",
@@ -148,6 +168,11 @@ def placement_inputs(cfg: RunConfig) -> dict[str, Any]:
         "tensor_parallel": cfg.generator.tensor_parallel,
         "params": cfg.model.params,
         "model": cfg.model.name_or_path,
+        "scorers": cfg.scorer.count,
+        "scorer_workers": cfg.scorer.workers,
+        "eval_every": cfg.eval.every,
+        "eval_device": cfg.eval.device,
+        "reward_models": reward_model_paths(cfg),
     }
 
 
@@ -172,26 +197,27 @@ def remember(
         if seen.get(i) != now.get(i)
     )
     if resume and before and not changed and same_inputs and before.get("mode") == fresh.mode:
+        evaluator = before.get("evaluator")
         saved = Placement(
             fresh.mode,
             _slots(before["trainer"]),
             _slots(before["generators"]),
             tuple((i, why) for i, why in before["idle"]),
+            _slots(before.get("scorers", [])),
+            None if evaluator is None else _slots([evaluator])[0],
+            tuple(before.get("notes", [])),
         )
-        return saved, []
+        return saved, list(saved.notes)
     notes = [f"devices changed since the last run ({'; '.join(changed)}): re-planned"]
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {"devices": now, "inputs": inputs or {}, **dataclasses.asdict(fresh)}
     path.write_text(json.dumps(record, indent=1))
-    return fresh, notes if (before and changed) else []
+    return fresh, [*(notes if (before and changed) else []), *fresh.notes]
 
 
 def local_fingerprint(nvml: Any = None) -> HostFingerprint:
     """This machine's GPUs through NVML (`nvml` replaces pynvml in tests); no GPU is a host
     without devices here (placement needs no CPU benchmark)."""
-    from grpo_stream.hardware.nvml import NvmlUnavailable, read_nvml
-    from grpo_stream.hardware.specs import derive_gpu
-
     host = socket.gethostname()
     try:
         raw = read_nvml(nvml)
@@ -201,21 +227,32 @@ def local_fingerprint(nvml: Any = None) -> HostFingerprint:
     return HostFingerprint(hostname=host, source="nvml", devices=devices)
 
 
+def placement_over(cfg: RunConfig, hosts: list[HostDevices]) -> Placement:
+    """`place` over `hosts`, then GPUs for the evaluator and reward-model scorers
+    (launch/side.py); on hosts without GPUs, the check that none insists on one."""
+    params = model_params(cfg) if any(h.gpus for h in hosts) else None
+    fresh = place(cfg, hosts, params)
+    if params is None or not fresh.gpus:
+        check_without_gpus(cfg, hosts)
+        return fresh
+    sizes = {path: model_bytes(path) for path in reward_model_paths(cfg)}
+    return place_side(cfg, hosts, fresh, params, sizes)
+
+
 def placement_for_run(
     cfg: RunConfig,
-    cluster: Any,
-    cluster_path: Path | None,
+    cluster: ClusterFile | None,
     resume: bool,
     save: bool,
     environ: dict[str, str],
 ) -> tuple[Placement, list[str]]:
     """The placement of an `up` run (local, or over a cluster file's hosts) and its notes;
     `save` keeps it in RUN_DIR/placement.json (not for a dry run)."""
-    if cluster is None or cluster_path is None:
+    if cluster is None:
         hosts = [local_host(cfg, local_fingerprint(), environ)]
     else:
-        hosts = cluster_hosts(cluster_path, cluster, environ)
-    fresh = place(cfg, hosts, model_params(cfg) if any(h.gpus for h in hosts) else None)
+        hosts = cluster_hosts(cluster, environ)
+    fresh = placement_over(cfg, hosts)
     if not save:
-        return fresh, []
+        return fresh, list(fresh.notes)
     return remember(Path(cfg.run.run_dir), hosts, fresh, resume, placement_inputs(cfg))

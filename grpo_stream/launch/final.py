@@ -50,7 +50,7 @@ def final_state(run_dir: Path) -> dict[str, Any]:
         reason=reason,
         ended_at=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "",
         steps=steps,
-        counters=_counters(run_dir),
+        counters=final_counters(run_dir),
         last_metrics=last,
         checkpoints=complete_steps(run_dir),
     )
@@ -119,7 +119,8 @@ def _last_metrics(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
-def _counters(run_dir: Path) -> dict[str, int]:
+def final_counters(run_dir: Path) -> dict[str, int]:
+    """The hub's accounting counters as its last checkpoint wrote them (RUN_DIR/hub)."""
     try:
         data = json.loads((run_dir / "hub" / "counters.json").read_text())
     except (OSError, json.JSONDecodeError):

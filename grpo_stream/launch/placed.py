@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grpo_stream.config import RunConfig
-from grpo_stream.launch.cluster import LaunchCluster, LaunchHost, config_overrides, place
+from grpo_stream.config.cluster import ClusterFile, ClusterHost
+from grpo_stream.launch.cluster import config_overrides, place
 from grpo_stream.launch.placement import DEVICE_ORDER, Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
 from grpo_stream.launch.threads import run_shares, size_specs
-from grpo_stream.launch.up import hub_service, security_args, service_argv
+from grpo_stream.launch.up import hub_service, security_args, service_argv, teacher_count
 
 TORCHRUN = ["-m", "torch.distributed.run"]
 SAME_MACHINE = ("local", "prefix")
@@ -74,14 +75,20 @@ def trainer_node_argv(
     return wait_for(python, master, cfg.trainer.rendezvous_timeout_s, slot.host) + argv
 
 
-def _hosts(cluster: LaunchCluster | None) -> dict[str, LaunchHost]:
+def _hosts(cluster: ClusterFile | None) -> dict[str, ClusterHost]:
     if cluster is None:
-        return {"local": LaunchHost(name="local")}
+        return {"local": ClusterHost(name="local")}
     return {h.name: h for h in cluster.hosts}
 
 
-def _via(hosts: dict[str, LaunchHost], name: str, spec: ServiceSpec) -> ServiceSpec:
-    return spec if name == "local" else place(hosts[name], spec)
+def _via(
+    cfg: RunConfig, hosts: dict[str, ClusterHost], name: str, spec: ServiceSpec
+) -> ServiceSpec:
+    """`spec` through host `name`'s launcher, its files shipped to RUN_DIR on that host."""
+    if name == "local":
+        return spec
+    serves = cfg.weights.relay or cfg.hub.payloads == "direct"
+    return place(hosts[name], spec, Path(cfg.run.run_dir), serves)
 
 
 def placed_services(
@@ -89,11 +96,11 @@ def placed_services(
     placement: Placement,
     hub: str,
     resume: bool,
-    cluster: LaunchCluster | None = None,
+    cluster: ClusterFile | None = None,
 ) -> list[tuple[ServiceSpec, Slot | None]]:
     """Trainer nodes, generators, scorers and (with eval.every) the evaluator, each with its
-    device environment, through its host's launcher, beside the slot it holds; instances
-    numbered in host order."""
+    device environment, through its host's launcher, beside the slot it holds (None: a
+    scorer or evaluator without one); instances numbered in host order."""
     hosts = _hosts(cluster)
     keys = security_args(cfg)
     n = cfg.run.restarts
@@ -105,28 +112,35 @@ def placed_services(
         argv = trainer_node_argv(cfg, placement, i, master, [python, *program[1:]])
         name = "trainer-0" if i == 0 else f"trainer-0-n{i}"
         spec = ServiceSpec(name, "trainer", argv, env=placement.env(slot), restarts_left=n)
-        out.append((_via(hosts, slot.host, spec), slot))
+        out.append((_via(cfg, hosts, slot.host, spec), slot))
     for i, slot in enumerate(placement.generators):
         name = f"generator-{i}"
         argv = service_argv("generator", name, hub, keys)
         spec = ServiceSpec(name, "generator", argv, env=placement.env(slot), restarts_left=n)
-        out.append((_via(hosts, slot.host, spec), slot))
+        out.append((_via(cfg, hosts, slot.host, spec), slot))
     number = 0
     for host in hosts.values():
         count = cfg.scorer.count if cluster is None else host.count("scorer")
         for _ in range(0 if cfg.env.enabled else count):  # episodes: the hub scores them
             name = f"scorer-{number}"
             argv = service_argv("scorer", name, hub, keys)
-            spec = ServiceSpec(name, "scorer", argv, env=placement.env(None), restarts_left=n)
-            out.append((_via(hosts, host.name, spec), None))
+            held = placement.scorers[number] if number < len(placement.scorers) else None
+            spec = ServiceSpec(name, "scorer", argv, env=placement.env(held), restarts_left=n)
+            out.append((_via(cfg, hosts, host.name, spec), held))
             number += 1
+    first = next(iter(hosts.values())).name
     if cfg.eval.every > 0:  # evaluation during training: one evaluator, on the first host
-        first = next(iter(hosts.values())).name
         argv = service_argv("evaluator", "evaluator-0", hub, keys)
+        env = placement.env(placement.evaluator)
+        spec = ServiceSpec("evaluator-0", "evaluator", argv, env=env, restarts_left=n)
+        out.append((_via(cfg, hosts, first, spec), placement.evaluator))
+    for i in range(teacher_count(cfg)):  # distillation: on their GPUs' host, else the first
+        held = placement.teachers[i] if i < len(placement.teachers) else None
+        argv = service_argv("teacher", f"teacher-{i}", hub, keys)
         spec = ServiceSpec(
-            "evaluator-0", "evaluator", argv, env=placement.env(None), restarts_left=n
+            f"teacher-{i}", "teacher", argv, env=placement.env(held), restarts_left=n
         )
-        out.append((_via(hosts, first, spec), None))
+        out.append((_via(cfg, hosts, held.host if held else first, spec), held))
     on_this_machine = [(s, slot.ranks if slot and s.service == "trainer" else 1) for s, slot in out
                        if s.host == "local" or hosts[s.host].launcher in SAME_MACHINE]  # fmt: skip
     if cfg.run.torch_threads == "auto":
@@ -140,14 +154,14 @@ def placed_specs(
     placement: Placement,
     hub: str,
     resume: bool,
-    cluster: LaunchCluster | None = None,
+    cluster: ClusterFile | None = None,
 ) -> list[ServiceSpec]:
     """The specs of `placed_services`."""
     return [spec for spec, _ in placed_services(cfg, placement, hub, resume, cluster)]
 
 
 def hub_placer(
-    placement: Placement, cluster: LaunchCluster | None
+    cfg: RunConfig, placement: Placement, cluster: ClusterFile | None
 ) -> Callable[[ServiceSpec], ServiceSpec]:
     """The hub holds no GPU: its spec gets the device environment of a service without one."""
     hosts = _hosts(cluster)
@@ -155,7 +169,7 @@ def hub_placer(
 
     def placer(spec: ServiceSpec) -> ServiceSpec:
         spec.env = {**spec.env, **placement.env(None)}
-        return _via(hosts, name, spec)
+        return _via(cfg, hosts, name, spec)
 
     return placer
 
@@ -184,7 +198,7 @@ def dry_run_lines(
     return lines
 
 
-def cluster_overrides(cluster: LaunchCluster, placement: Placement) -> list[str]:
+def cluster_overrides(cluster: ClusterFile, placement: Placement) -> list[str]:
     """The cluster's binds with rank 0 on the placement's first trainer host, and
     trainer.ranks as the placement counts them (the cluster wins over the config)."""
     ranks = sum(slot.ranks for slot in placement.trainer)
@@ -197,7 +211,7 @@ def dry_run(
     placement: Placement,
     hub_spec: ServiceSpec,
     resume: bool,
-    cluster: LaunchCluster | None,
+    cluster: ClusterFile | None,
 ) -> list[str]:
     """What `up --dry-run` prints: the hub, then every service `up` would start."""
     hub = cfg.hub.public_address or cfg.hub.bind
@@ -207,7 +221,7 @@ def dry_run(
     return dry_run_lines(placement, services)
 
 
-def hub_spec(cfg: RunConfig, placement: Placement, cluster: LaunchCluster | None) -> ServiceSpec:
+def hub_spec(cfg: RunConfig, placement: Placement, cluster: ClusterFile | None) -> ServiceSpec:
     """The hub of a fresh run, placed (what `plan` prints first)."""
     spec = hub_service(cfg, Path(cfg.run.run_dir) / "config.toml", False)
-    return hub_placer(placement, cluster)(spec)
+    return hub_placer(cfg, placement, cluster)(spec)

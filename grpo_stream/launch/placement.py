@@ -4,6 +4,7 @@ Modes (`run.placement`):
     plan       the role plan of the fingerprints (grpo_stream.hardware.plan): the trainer's
                ranks, one per GPU, on the GPUs with most memory; one generator per GPU, or per
                `generator.tensor_parallel` GPUs of one host; the rest idle with a reason.
+               With distillation each teacher takes a generator's GPUs while one is left.
     manual     `trainer.devices` / `generator.devices` in the config (local runs), or a host's
                `gpus = { trainer = [...], generator = [...] }` in the cluster file.
     colocated  trainer and generators share the trainer's GPUs; the generator's reservation
@@ -13,8 +14,9 @@ Modes (`run.placement`):
 
 Invariants: every GPU given to a service exists on its host and is among the
 CUDA_VISIBLE_DEVICES that host's services inherit (when set); outside colocated no GPU is
-given twice; a trainer node runs one rank per GPU it holds, node 0 holds rank 0; when GPUs
-are placed, services that hold none start with CUDA_VISIBLE_DEVICES="" (so reward code
+given twice (a GPU shared with the evaluator or a reward-model scorer is budgeted, see
+launch/side.py); a trainer node runs one rank per GPU it holds, node 0 holds rank 0; when
+GPUs are placed, services that hold none start with CUDA_VISIBLE_DEVICES="" (so reward code
 cannot land on GPU 0). A bad placement raises PlacementError with one line naming the
 setting, before any service starts.
 """
@@ -22,7 +24,7 @@ setting, before any service starts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from grpo_stream.config import RunConfig
@@ -48,6 +50,7 @@ class HostDevices:
     """CUDA_VISIBLE_DEVICES its services inherit (None: unset, every GPU)."""
     trainer_ranks: int = 0
     generators: int = 0
+    scorers: int = 0
     trainer_gpus: list[int] = field(default_factory=list)
     generator_gpus: list[int] = field(default_factory=list)
     where: str = "local"
@@ -74,6 +77,14 @@ class Placement:
     generators: tuple[Slot, ...]
     idle: tuple[tuple[str, str], ...] = ()
     """(device id, why it is idle)."""
+    scorers: tuple[Slot, ...] = ()
+    """One per scorer, in instance order (launch/side.py); none placed: no GPU each."""
+    evaluator: Slot | None = None
+    """The evaluator's (launch/side.py); None: no GPU."""
+    notes: tuple[str, ...] = ()
+    """What the side services asked for and did not get (they run on the CPU)."""
+    teachers: tuple[Slot, ...] = ()
+    """Distillation: the GPUs of each teacher that has some (`with_teachers`)."""
 
     @property
     def gpus(self) -> bool:
@@ -147,10 +158,22 @@ def place(cfg: RunConfig, hosts: Sequence[HostDevices], params: int | None) -> P
     if params is None:
         raise PlacementError("placing GPUs needs the model's size: set model.params")
     if mode == "plan":
-        return _plan(cfg, hosts, params)
+        teachers = cfg.teacher.count if cfg.algo.distill.teacher is not None else 0
+        return with_teachers(_plan(cfg, hosts, params), teachers)
     if mode == "manual":
         return _manual(cfg, hosts, params)
     return _colocated(cfg, hosts, params)
+
+
+def with_teachers(placement: Placement, count: int) -> Placement:
+    """Distillation under plan: each of `count` teachers takes the GPUs of the plan's last
+    generator while at least one generator keeps its own (teacher scoring then runs beside
+    generation, not on its devices); the teachers left over run without a GPU."""
+    gens = list(placement.generators)
+    teachers: list[Slot] = []
+    while len(teachers) < count and len(gens) > 1:
+        teachers.append(gens.pop())
+    return replace(placement, generators=tuple(gens), teachers=tuple(reversed(teachers)))
 
 
 def _cpu(hosts: Sequence[HostDevices]) -> Placement:

@@ -35,14 +35,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpo_stream.launch.supervisor import ServiceSpec
+from grpo_stream.training.metrics import read_metrics
 
-TORCH_SERVICES = ("trainer", "generator", "evaluator")
+TORCH_SERVICES = ("trainer", "generator", "evaluator", "teacher")
 """Services that run torch ops on the CPU (the hub and the scorers do not)."""
-BUSY_SHARES: Mapping[str, float] = {"trainer": 1.0, "generator": 1.0, "evaluator": 0.25}
+BUSY_SHARES: Mapping[str, float] = {
+    "trainer": 1.0,
+    "generator": 1.0,
+    "evaluator": 0.25,
+    "teacher": 0.5,
+}
 """Busy share per service (fraction of the run's wall time it computes). The trainer and the
 generators of an asynchronous run are both busy most of the time (the trainer waits ~0-10%
 for a batch, see metrics.jsonl's trainer_wait_s; the generator ~0-15% for weights, its
-heartbeat's wait_s); the evaluator runs once every `eval.every` steps."""
+heartbeat's wait_s); the evaluator runs once every `eval.every` steps; a teacher runs one
+forward per group (no sampling), a fraction of a generator's work."""
 MIN_SHARE = 0.05
 """The smallest busy share a measurement gives a service (a service never gets no core)."""
 MEASURED_ROWS = 200
@@ -123,8 +130,6 @@ def measured_shares(rows: Sequence[Mapping[str, Any]], generators: int) -> dict[
 def run_shares(run_dir: Path, generators: int) -> dict[str, float]:
     """BUSY_SHARES, with the trainer's and generators' measured in the run directory's
     metrics when it has them (a resumed run: its last `MEASURED_ROWS` steps)."""
-    from grpo_stream.training.metrics import read_metrics
-
     rows = read_metrics(run_dir)[-MEASURED_ROWS:]
     return {**BUSY_SHARES, **measured_shares(rows, generators)}
 

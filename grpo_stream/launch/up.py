@@ -25,7 +25,8 @@ from typing import Any
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.launch.console import RunConsole
-from grpo_stream.launch.supervisor import Proc, ServiceSpec, Supervisor
+from grpo_stream.launch.dashboard import DashboardProcess
+from grpo_stream.launch.supervisor import Launched, Runner, ServiceSpec, Supervisor
 
 CLEAN_EXIT_GRACE_S = 20.0  # a clean exit not followed by the trainer's end in this long: restart
 
@@ -96,6 +97,11 @@ def scorer_count(cfg: RunConfig) -> int:
     return 0 if cfg.env.enabled else cfg.scorer.count
 
 
+def teacher_count(cfg: RunConfig) -> int:
+    """Teachers to start: teacher.count when algo.distill.teacher is set, else none."""
+    return cfg.teacher.count if cfg.algo.distill.teacher is not None else 0
+
+
 def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
     """Trainer, generators and scorers on this machine, as the config counts them."""
     keys = security_args(cfg)
@@ -129,6 +135,9 @@ def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
     if cfg.eval.every > 0:  # evaluation during training: one evaluator beside the generators
         argv = service_argv("evaluator", "evaluator-0", hub, keys)
         specs.append(ServiceSpec("evaluator-0", "evaluator", argv, restarts_left=n))
+    for i in range(teacher_count(cfg)):  # distillation: teachers beside the scorers
+        argv = service_argv("teacher", f"teacher-{i}", hub, keys)
+        specs.append(ServiceSpec(f"teacher-{i}", "teacher", argv, restarts_left=n))
     return specs
 
 
@@ -142,18 +151,20 @@ class Up:
         resume: bool,
         console: RunConsole,
         place_hub: Callable[[ServiceSpec], ServiceSpec] | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.resume = resume
         self.console = console
-        self.sup = Supervisor()
+        self.sup: Runner = Supervisor() if runner is None else runner
         self.run_dir = Path(cfg.run.run_dir)
         self.steps = 0
         self.trainer_done = False
         self._interrupted = False
-        self._clean_exits: list[tuple[Proc, float]] = []  # exited 0: asked to, or not?
+        self._clean_exits: list[tuple[Launched, float]] = []  # exited 0: asked to, or not?
         self.place_hub = place_hub  # cluster runs: start the hub through its host's launcher
+        self.dashboard = DashboardProcess(cfg, console.note)  # the run's web page
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._interrupted = True
@@ -164,23 +175,28 @@ class Up:
         return hub_spec if self.place_hub is None else self.place_hub(hub_spec)
 
     def start_hub(self, timeout_s: float = 120.0) -> str:
+        """Start the hub; its address, from its `hub.started` event (which reaches `up`
+        through any launcher) or from RUN_DIR/hub.addr where `up` shares the directory."""
         addr_file = self.run_dir / "hub.addr"
         addr_file.unlink(missing_ok=True)
         hub_spec = self.hub_spec()
         self.sup.start(hub_spec)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self._show(self.sup.drain(0.1))
+            events = self.sup.drain(0.1)
+            self._show(events)
             for proc, code in self.sup.exited():
                 raise LaunchError(
                     f"hub exited with code {code} on {proc.spec.host}: {_why(proc.tail)}"
                 )
-            if addr_file.exists() and addr_file.read_text().strip():
-                address = addr_file.read_text().strip()
+            address = _started_at(events)
+            if address is None and addr_file.exists():
+                address = addr_file.read_text().strip() or None
+            if address is not None:
                 # a restarted hub must come back where the services look for it
                 hub_spec.argv += ["--set", f'hub.bind="{_bound(address, self.cfg.hub.bind)}"']
                 return address
-        raise LaunchError(f"hub did not write {addr_file} within {timeout_s:.0f}s")
+        raise LaunchError(f"hub did not start within {timeout_s:.0f}s (no hub.started event)")
 
     def run(self, specs_for_hub: Any = None) -> UpResult:
         old = signal.signal(signal.SIGINT, self._on_signal)
@@ -190,6 +206,7 @@ class Up:
             specs = specs_for_hub(hub) if specs_for_hub else local_specs(self.cfg, hub, self.resume)
             for spec in specs:
                 self.sup.start(spec)
+            self.dashboard.start()
             self.console.started(hub, [s.instance for s in specs], self.cfg.run.max_steps)
             self._watch()
         finally:
@@ -206,6 +223,7 @@ class Up:
                 self.sup.stop("trainer-0", grace_s=120)
                 return
             self._show(self.sup.drain(0.2))
+            self.dashboard.poll()
             exits = self.sup.exited()
             for proc, code in exits:
                 if proc.spec.service == "trainer" and code == 0:
@@ -215,30 +233,29 @@ class Up:
             if not self.trainer_done:
                 self._restart_unasked(time.monotonic())
 
-    def _on_exit(self, proc: Proc, code: int) -> None:
+    def _on_exit(self, proc: Launched, code: int) -> None:
         spec = proc.spec
         if code == 0:  # the trainer finishing ends the run; anything else is asked to wait
             self._clean_exits.append((proc, time.monotonic()))
             return
         if code == EXIT_ABORTED and spec.service == "grouper":
             raise LaunchError(f"the hub stopped the run: {_why(proc.tail)}")
-        self._restart(proc, f"exited with code {code}")
+        self._restart(proc, code, f"exited with code {code}")
 
     def _restart_unasked(self, now: float) -> None:
         """Clean exits that no end of the run followed: the service stopped on its own."""
         due = [p for p, t in self._clean_exits if now - t > CLEAN_EXIT_GRACE_S]
         self._clean_exits = [(p, t) for p, t in self._clean_exits if p not in due]
         for proc in due:
-            self._restart(proc, "exited with code 0 without being asked to")
+            self._restart(proc, 0, "exited with code 0 without being asked to")
 
-    def _restart(self, proc: Proc, what: str) -> None:
+    def _restart(self, proc: Launched, code: int, what: str) -> None:
         spec = proc.spec
         if spec.restarts_left > 0:
             spec.restarts_left -= 1
             self.console.note(f"{spec.instance} on {spec.host} {what}; restarting")
             self.sup.start(_restart_argv(spec))
             return
-        code = proc.popen.returncode
         raise LaunchError(
             f"{spec.instance} ({spec.service}) on {spec.host} exited with code {code}: "
             f"{_why(proc.tail)}"
@@ -251,9 +268,18 @@ class Up:
             self.console.event(event)
 
     def _shutdown(self) -> None:
+        self.dashboard.stop()
         self._show(self.sup.drain(0.05))
         self.sup.stop_all(grace_s=20)
         self._show(self.sup.drain(0.05))
+
+
+def _started_at(events: list[dict[str, Any]]) -> str | None:
+    """The public address in a `hub.started` event among `events`, if there is one."""
+    for event in events:
+        if event.get("event") == "hub.started" and event.get("public"):
+            return str(event["public"])
+    return None
 
 
 def _bound(public: str, bind: str) -> str:

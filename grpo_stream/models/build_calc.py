@@ -30,9 +30,11 @@ from typing import Any
 
 import torch
 
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.calc import CalcEnv
 from grpo_stream.models import sft
 from grpo_stream.models.build_tiny import build_model, build_tokenizer
+from grpo_stream.models.loading import load_policy
 from grpo_stream.models.sft import Batch, WarmStart, build_main, pad_rows, save, write_info
 from grpo_stream.tasks.arith import ArithTask
 
@@ -109,8 +111,6 @@ def expected_success(model: Any, tokenizer: Any, seed: int) -> float:
 def success_rate(model: Any, tokenizer: Any, seed: int, samples: int = 4) -> tuple[float, float]:
     """(success rate, share of episodes that called the tool) of sampled episodes at
     temperature 1.0 on the first EVAL_PROBLEMS problems, each `samples` times."""
-    from grpo_stream.envs.settings import EnvSettings
-
     settings = EnvSettings(name="calc", max_turns=TURNS, max_episode_tokens=MAX_EPISODE_TOKENS)
     task = calc_task(seed)
     problems = [(p.prompt, p.reference) for p in map(task.problem, range(EVAL_PROBLEMS))]
@@ -147,8 +147,6 @@ def warm_start(
 def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 2000) -> dict[str, Any]:
     """Build, warm-start and save tiny-calc to `out`; returns the build info and time."""
     from transformers import AutoTokenizer
-
-    from grpo_stream.models.loading import load_policy
 
     start = time.perf_counter()
     torch.set_num_threads(BUILD_THREADS)

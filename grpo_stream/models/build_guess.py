@@ -22,9 +22,11 @@ from typing import Any
 
 import torch
 
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.guess import GuessEnv
 from grpo_stream.models import sft
 from grpo_stream.models.build_tiny import build_model, build_tokenizer
+from grpo_stream.models.loading import load_policy
 from grpo_stream.models.sft import WarmStart, build_main, pad_rows, save, write_info
 
 MAX_POSITIONS = 128
@@ -68,8 +70,6 @@ def sft_batch(
 def success_rate(model: Any, tokenizer: Any, seed: int, samples: int = 4) -> tuple[float, float]:
     """(success rate, mean outcome reward) of sampled episodes at temperature 1.0, every
     target `samples` times, played by the hf engine's turn loop against in-process envs."""
-    from grpo_stream.envs.settings import EnvSettings
-
     settings = EnvSettings(name="guess", max_turns=TURNS, max_episode_tokens=MAX_EPISODE_TOKENS)
     problems = [(f"guess 1-{HIGH}:", {"target": t, "high": HIGH}) for t in range(1, HIGH + 1)]
     episodes = sft.sampled_episodes(
@@ -103,8 +103,6 @@ def warm_start(
 
 def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 2000) -> dict[str, Any]:
     from transformers import AutoTokenizer
-
-    from grpo_stream.models.loading import load_policy
 
     start = time.perf_counter()
     torch.set_num_threads(2)

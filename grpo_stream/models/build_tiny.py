@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from grpo_stream.models import sft
+from grpo_stream.models.loading import load_policy
 from grpo_stream.models.sft import WarmStart, build_main, pad_rows, save, write_info
+from grpo_stream.models.testing import qwen2_config
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 MAX_OPERAND = 20
@@ -91,8 +93,6 @@ def build_tokenizer() -> Any:
 def build_model(tokenizer: Any, seed: int, positions: int = MAX_POSITIONS) -> Any:
     """A freshly initialised Qwen2ForCausalLM sized for the tokenizer (and `positions`)."""
     from transformers import Qwen2ForCausalLM
-
-    from grpo_stream.models.testing import qwen2_config
 
     config = qwen2_config(
         len(tokenizer),
@@ -195,8 +195,6 @@ def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 3000)
     build_info.json leaves the time out, so that a rebuild writes the same file.
     """
     from transformers import AutoTokenizer
-
-    from grpo_stream.models.loading import load_policy
 
     start = time.perf_counter()
     torch.set_num_threads(2)

@@ -29,10 +29,13 @@ SHIPPED_MODELS = {
     DEFAULT_MODEL: TINY_ASSET,
     "grpo-stream/tiny-guess": "tiny-guess",
     "grpo-stream/tiny-calc": "tiny-calc",
+    "grpo-stream/tiny-judge": "tiny-judge",
+    "grpo-stream/tiny-tools": "tiny-tools",
 }
 """Model names that resolve to a directory under grpo_stream/assets (tiny-guess, tiny-calc:
 the guess and calc environments' models, built by grpo_stream.models.build_guess and
-build_calc)."""
+build_calc; tiny-judge: the arith judge of `name = "judge"` rewards, build_judge; tiny-tools:
+calc through JSON function calls, grpo_stream.models.build_tools)."""
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -77,6 +80,19 @@ def load_tokenizer(name_or_path: str) -> Any:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return tokenizer
+
+
+def vocab_size(name_or_path: str) -> int:
+    """Rows of the model's input embedding, from its config (a token id at or past it would
+    crash the forward)."""
+    from transformers import AutoConfig
+
+    config: Any = AutoConfig.from_pretrained(resolve_model(name_or_path))
+    text = getattr(config, "text_config", None) or config
+    size = getattr(text, "vocab_size", None)
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"{name_or_path}: its config has no vocab_size")
+    return size
 
 
 def load_policy(

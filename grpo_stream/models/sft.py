@@ -21,6 +21,11 @@ from typing import Any
 
 import torch
 
+from grpo_stream.engines.hf import HFEngine
+from grpo_stream.envs.episodes import EpisodeRun, run_episodes
+from grpo_stream.envs.local import LocalEnvs
+from grpo_stream.envs.turns import TurnFormat
+
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """input_ids, attention_mask and labels (-100 where no loss), each (B, T), right-padded."""
 
@@ -140,11 +145,6 @@ def sampled_episodes(
     """Episodes of every problem `samples` times, sampled at temperature 1.0 by the hf
     engine's turn loop against in-process environments (`env` builds one; `settings` is the
     run's EnvSettings). The model's train/eval mode is restored."""
-    from grpo_stream.engines.hf import HFEngine
-    from grpo_stream.envs.episodes import EpisodeRun, run_episodes
-    from grpo_stream.envs.local import LocalEnvs
-    from grpo_stream.envs.turns import TurnFormat
-
     was_training = model.training
     run = EpisodeRun(
         prompts=[p for p, _ in problems],

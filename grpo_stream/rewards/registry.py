@@ -1,8 +1,9 @@
 """Reward lookup: built-in names, user functions and learned reward models, with params bound.
 
 A spec is a built-in (`name = "exact_match"`, ...), a user function (`name = "python"` with
-`import = "pkg.module:fn"`, or the short form `name = "pkg.module:fn"`), or a reward model
-(`name = "reward_model"` with `path`; its params configure the model, see reward_model.py).
+`import = "pkg.module:fn"`, or the short form `name = "pkg.module:fn"`), a reward model
+(`name = "reward_model"` with `path`; its params configure the model, see reward_model.py),
+or a generative judge (`name = "judge"` with `path`, see judge.py).
 A user function has the signature
 
     def fn(completion: str, *, prompt: str, reference: dict[str, Any], **params) -> float
@@ -20,19 +21,21 @@ user path but the named module.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
+from grpo_stream.config.tasks import RewardSpec, TaskSettings
 from grpo_stream.rewards import gym
 from grpo_stream.rewards.builtin import exact_match, format_reward, length_penalty
 from grpo_stream.rewards.builtin import math_verify_reward as math_verify
 from grpo_stream.rewards.countdown import countdown
 from grpo_stream.rewards.errors import RewardLoadError
+from grpo_stream.rewards.judge import Judge
+from grpo_stream.rewards.reward_model import RewardModel
 from grpo_stream.tasks.base import Task
-from grpo_stream.tasks.settings import RewardSpec, TaskSettings
+from grpo_stream.usercode import UserCodeError, import_object
 
 RewardFn = Callable[..., float]
 """Called as fn(completion, prompt=..., reference=...) -> float."""
@@ -50,18 +53,12 @@ PRELOAD: dict[str, Callable[[], RewardFn]] = {"reasoning_gym": gym.load}
 
 
 def _import_user(path: str) -> RewardFn:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise RewardLoadError(f"reward {path!r}: expected 'package.module:function'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise RewardLoadError(f"reward {path!r}: cannot import {module_name}: {exc}") from None
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise RewardLoadError(f"reward {path!r}: module {module_name} has no {attr!r}")
+        fn = import_object(path, f"reward {path!r}")
+    except UserCodeError as exc:
+        raise RewardLoadError(str(exc)) from None
     if not callable(fn):
-        raise RewardLoadError(f"reward {path!r}: {attr} is not callable")
+        raise RewardLoadError(f"reward {path!r}: {path.partition(':')[2]} is not callable")
     return fn  # type: ignore[no-any-return]
 
 
@@ -82,12 +79,15 @@ def _check_params(name: str, fn: RewardFn, params: dict[str, Any]) -> None:
 def load_reward(spec: RewardSpec) -> RewardFn:
     """The reward `spec` names, with its params bound (functools.partial)."""
     if spec.name == "reward_model" and spec.path is not None:
-        from grpo_stream.rewards.reward_model import RewardModel
-
         try:
             return RewardModel.load(spec.path, **spec.params)  # type: ignore[arg-type]
         except TypeError as exc:
             raise RewardLoadError(f"reward_model {spec.path}: params: {exc}") from None
+    if spec.name == "judge" and spec.path is not None:
+        try:  # its Unparsed verdicts become NaN in the sandbox (sandbox_worker._call_batch)
+            return cast(RewardFn, Judge.load(spec.path, **spec.params))  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise RewardLoadError(f"judge {spec.path}: params: {exc}") from None
     if spec.name == "python" and spec.import_ is not None:
         fn = _import_user(spec.import_)
     elif spec.name in PRELOAD:
@@ -100,7 +100,7 @@ def load_reward(spec: RewardSpec) -> RewardFn:
         raise RewardLoadError(
             f"unknown reward {spec.name!r}: built-ins are {', '.join(BUILTIN)}; user rewards "
             "are name = 'python' with import = 'package.module:function'; learned ones are "
-            "name = 'reward_model' with path = '...'"
+            "name = 'reward_model' or 'judge' with path = '...'"
         )
     _check_params(spec.import_ or spec.name, fn, dict(spec.params))
     return functools.partial(fn, **spec.params)

@@ -46,11 +46,11 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.rewards.sandbox_worker import pack as _pack
 from grpo_stream.rewards.sandbox_worker import unpack as _unpack
 from grpo_stream.rewards.sandbox_worker import worker_main as _worker_main
-from grpo_stream.tasks.settings import RewardSpec
 
 log = structlog.get_logger()
 
@@ -58,7 +58,8 @@ STARTUP_TIMEOUT_S = 60.0
 """A worker that has not loaded its reward functions within this time is an error."""
 _MAX_REPLY_BYTES = 1 << 16  # a reply is a few numbers and a short message
 _STOP_GRACE_S = 1.0
-_WORKER_KINDS = frozenset({"raised", "non_finite", "not_a_number"})  # failures a worker survives
+_WORKER_KINDS = frozenset({"raised", "non_finite", "not_a_number", "unparseable"})
+"""Failures a worker survives ("unparseable": a judge's output held no score)."""
 
 RewardFn = Callable[..., float]
 

@@ -9,19 +9,23 @@ address space after loading, so a runaway reward fails its call or kills only th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import numbers
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.rewards import load_reward
-from grpo_stream.tasks.settings import RewardSpec
+from grpo_stream.rewards.judge import Unparsed
 
 MAX_CAUSE_CHARS = 200
 
@@ -48,15 +52,12 @@ def _die_with_parent() -> None:
     when every copy is closed. A worker that kept its copy would keep the fork server, and so
     itself, alive after the owner died: close it (a daemonic worker never forks anyway).
     """
-    from multiprocessing import forkserver
-
     server: Any = forkserver._forkserver
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
     if sys.platform != "linux":
         return
-    import ctypes
 
     parent, pr_set_pdeathsig = os.getppid(), 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
@@ -66,8 +67,6 @@ def _die_with_parent() -> None:
 
 def _limit_address_space(memory_limit_mb: int) -> None:
     """Cap the address space at its current size plus `memory_limit_mb`."""
-    import resource
-
     baseline = 0
     with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as status:
         sizes = [line.split()[1] for line in status if line.startswith("VmSize:")]
@@ -118,7 +117,9 @@ def _call_batch(
         return [(None, "raised", _short(f"raised {type(exc).__name__}: {exc}"))] * len(completions)
     out: list[tuple[float | None, str | None, str | None]] = []
     for value in values:
-        if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        if isinstance(value, Unparsed):  # a judge wrote no score: NaN, counted apart
+            out.append((None, "unparseable", _short(f"no score in the judge's {value.text!r}")))
+        elif not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
             out.append((None, "non_finite", f"returned {value!r}"))
         else:
             out.append((float(value), None, None))

@@ -1,12 +1,22 @@
 """The hub side of the session: Hello and Welcome, heartbeats and their deadline, credits,
-leaving. The grouper hands every message to `HubSessions.handle` first; what comes back is
-work (Rollout, Scored, BatchRequest) from a registered peer.
+leaving, and the binding of every message to the session its Hello opened. The grouper hands
+every message to `HubSessions.handle` first; what comes back is work (Rollout, Scored,
+BatchRequest, ...) from a registered peer, checked to be that peer's.
 
 Invariants:
 - a message from an identity the registry does not know changes nothing and is answered with
   Error(UNREGISTERED): the service says Hello again (it was lost, or the hub restarted);
+- with the run's secret, a message after Hello counts only with the seal of its peer's
+  session (`grpo_stream.transport.seal`: the key only the Hello's signer can compute, each
+  message numbered once); under CURVE, only from the client key its Hello came with. A
+  message that fails either is refused (code `bad_seal`, one error event) and its peer is
+  dropped at once, what it held re-dispatched: whoever holds that connection now is not the
+  peer that said Hello (a stranger who took its identity after it died cannot act as it);
 - a heartbeat counts only from the instance's main socket or its heartbeat socket
-  (`beat_identity`): a stranger cannot keep a dead peer alive;
+  (`beat_identity`), sealed likewise: a stranger cannot keep a dead peer alive;
+- a StatusRequest is answered under CURVE from any allowed key (the role-less `client` key is
+  the read-only credential there); without CURVE, with the run's secret, only when signed
+  with the status key (the secret's, or a status.token's);
 - what a lost, restarted or leaving peer held goes back to the ledger at once;
 - when the rank-0 trainer says Hello with endpoints, every other peer gets a new Welcome;
 - every Welcome carries the same config and digest, also after a restart on the same port
@@ -17,18 +27,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
 from grpo_stream.config import RunConfig
 from grpo_stream.hub import guard
-from grpo_stream.hub.auth import hello_auth, key_roles
+from grpo_stream.hub.auth import hello_auth, key_roles, session_key
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.protocols import messages as m
 from grpo_stream.session.identity import UNREGISTERED, beat_identity
+from grpo_stream.transport.seal import BEATS, MAIN, Opener
 from grpo_stream.transport.sockets import Server
 
 log = structlog.get_logger()
@@ -58,6 +69,7 @@ class HubSessions:
         shares: ShareBook,
         facts: RunFacts,
         refuse: Refuse,
+        secret: bytes | None = None,
     ) -> None:
         # The config as it runs, port 0 resolved to the bound one: a hub restarted on that
         # port (as `up` restarts it, `--set hub.bind=...`) welcomes with the same digest.
@@ -72,10 +84,14 @@ class HubSessions:
         self.refuse = refuse
         self.digest = self.cfg.digest()
         self._config = self.cfg.model_dump(mode="json")  # every Welcome carries it: dump once
-        self.auth = hello_auth(cfg.security.secret_file)  # None: Hellos are not signed
+        self.secret = secret
+        self.auth = hello_auth(secret)  # None: Hellos are not signed, messages not sealed
         self.roles = key_roles(cfg.security)  # None: no CURVE, no key to check roles against
-        self.peers_info: dict[str, Any] = {}  # endpoints the rank-0 trainer announced
+        self.trainer_endpoints: m.Endpoints | None = None  # what the rank-0 trainer announced
         self.trainer_done = False  # the trainer left with reason "done": the run is over
+        # told of each peer gone: (peer, why): "silent", "bad_seal", "restarted", or the
+        # reason its Shutdown gave ("done" when the trainer finished the run)
+        self.on_gone: list[Callable[[Peer, str], None]] = []
 
     def handle(self, identity: bytes, msg: m.Message) -> Peer | None:
         """Take the session's messages; return the registered sender of any other."""
@@ -89,6 +105,11 @@ class HubSessions:
         if peer is None:
             self._unregistered(identity, msg.KIND)
             return None
+        refused = self._not_its_session(peer, MAIN)
+        if refused is not None:
+            self.refuse(identity, "bad_seal", refused, msg.KIND)
+            self._drop(peer, refused)
+            return None
         self.registry.beat(peer.instance, time.monotonic())  # any message proves liveness
         if isinstance(msg, m.WorkRequest):
             peer.credits = max(0, peer.credits + msg.credits)
@@ -98,12 +119,21 @@ class HubSessions:
             return None
         return peer
 
+    def may_read_status(self, identity: bytes, msg: m.StatusRequest) -> bool:
+        """Whether to answer `msg`; a request without the run's status key is refused."""
+        if self.auth is None or self.roles is not None:
+            return True  # CURVE: an allowed key; neither CURVE nor a secret: loopback only
+        refused = self.auth.check_status(msg)
+        if refused is not None:
+            self.refuse(identity, "bad_status_request", refused, msg.KIND)
+        return refused is None
+
     def welcome(self) -> m.Welcome:
         return m.Welcome(
             run_id=self.facts.run_id,
             config=self._config,
             config_digest=self.digest,
-            peers=dict(self.peers_info),
+            peers=self.trainer_endpoints,
             policy_version=self.facts.policy_version,
         )
 
@@ -116,7 +146,32 @@ class HubSessions:
                 "peer.lost", instance=peer.instance, service=peer.service, host=peer.host,
                 requeued=n,
             )  # fmt: skip
+            self._gone(peer, "silent")
         return lost
+
+    def _gone(self, peer: Peer, why: str) -> None:
+        for hook in self.on_gone:
+            hook(peer, why)
+
+    def _not_its_session(self, peer: Peer, channel: int) -> str | None:
+        """Why the message just received is not from `peer`'s session (None: it is)."""
+        if self.roles is not None and self.server.last_user_id != peer.user_id:
+            return f"{peer.instance}'s session is bound to another CURVE key"
+        if peer.opener is None:
+            return None
+        seal = self.server.last_seal
+        if seal is not None and seal.channel != channel:
+            return f"a seal of channel {seal.channel} on channel {channel}"
+        return peer.opener.open(seal)
+
+    def _drop(self, peer: Peer, why: str) -> None:
+        """Someone else holds `peer`'s connection now: forget the peer, release its work."""
+        n = self.ledger.release_holder(peer.instance)
+        self.registry.remove(peer.instance)
+        log.error(
+            "peer.dropped", instance=peer.instance, service=peer.service, reason=why, requeued=n
+        )
+        self._gone(peer, "bad_seal")
 
     def _unregistered(self, identity: bytes, kind: str) -> None:
         # a lost peer, or one from before a hub restart: tell it to say Hello again
@@ -126,12 +181,18 @@ class HubSessions:
         )
 
     def _on_beat(self, identity: bytes, msg: m.Heartbeat) -> None:
-        """Beats come from a side socket: matched by instance, from that peer's sockets only."""
+        """Beats come from a side socket: matched by instance, from that peer's sockets only,
+        sealed with its session's key. A beat that fails is dropped quietly (counted): one
+        sealed with the key of the Hello before may arrive just after a new Hello."""
         known = self.registry.peers.get(msg.instance)
         if known is not None:
-            beat = beat_identity(known.instance, known.pid).encode()
+            beat = beat_identity(known.identity.decode()).encode()
             if identity not in (known.identity, beat):
                 self.server.rejected["beat_spoofed"] += 1
+                return
+            channel = MAIN if identity == known.identity else BEATS
+            if self._not_its_session(known, channel) is not None:
+                self.server.rejected["beat_bad_seal"] += 1
                 return
         self.shares.report_latency(msg.instance, msg.hub_rtt_s)
         if msg.generator is not None:
@@ -149,15 +210,19 @@ class HubSessions:
         old = self.registry.peers.get(hello.instance)
         if old is not None:  # a restarted instance: what it held is re-dispatched
             self.ledger.release_holder(old.instance)
+            if old.pid != hello.pid:
+                self._gone(old, "restarted")
         peer = self.registry.register(
             Peer(
                 hello.service, hello.instance, identity, hello.host, hello.pid, hello.rank,
                 dict(hello.fingerprint),
+                opener=None if self.secret is None else Opener(session_key(self.secret, hello)),
+                user_id=self.server.last_user_id,
             ),
             time.monotonic(),
         )  # fmt: skip
-        if hello.service == "trainer" and hello.rank == 0 and hello.endpoints:
-            self.peers_info.update(hello.endpoints)
+        if hello.service == "trainer" and hello.rank == 0 and hello.endpoints is not None:
+            self.trainer_endpoints = hello.endpoints
             for other in self.registry.peers.values():
                 if other.instance != peer.instance:
                     self.server.send(other.identity, self.welcome())
@@ -166,6 +231,7 @@ class HubSessions:
         log.info(
             "peer.joined", service=hello.service, instance=hello.instance, host=hello.host,
             joined=peer.joined, devices=peer.describe()["devices"],
+            identity=identity.decode(errors="backslashreplace"),
         )  # fmt: skip
         self.server.send(identity, self.welcome())
 
@@ -173,5 +239,6 @@ class HubSessions:
         log.info("peer.leaving", instance=peer.instance, reason=reason)
         self.ledger.release_holder(peer.instance)
         self.registry.remove(peer.instance)
+        self._gone(peer, reason)
         if peer.service == "trainer" and reason == "done":
             self.trainer_done = True

@@ -27,15 +27,16 @@ from typing import Any
 import structlog
 
 from grpo_stream.config import ConfigError, RunConfig, config_from_dict
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.exits import EXIT_CONFIG_CHANGED
-from grpo_stream.hub.auth import load_secret, sign
+from grpo_stream.hub.auth import session_key, sign
 from grpo_stream.launch import threads
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.session.identity import UNREGISTERED, beat_identity
+from grpo_stream.session.identity import UNREGISTERED, beat_identity, session_identity
 from grpo_stream.transport.errors import TransportError
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.seal import BEATS, MAIN, Sealer
 from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
 
 log = structlog.get_logger()
@@ -82,6 +83,9 @@ class Join:
     rank: int = 0
     fingerprint: dict[str, Any] = field(default_factory=dict)
     log_setup: tuple[str, bool] = ("info", False)
+    secret: bytes | None = field(default=None, repr=False)
+    """The run's secret (`transport.runsecret.resolve_secret`): signs every Hello and keys
+    the seal of every message after it. None: a hub without a secret (loopback demos)."""
 
 
 class Session:
@@ -97,17 +101,18 @@ class Session:
         self.stop = stop
         self.capacity = capacity
         self.fingerprint = dict(join.fingerprint)
-        self.endpoints: dict[str, Any] = {}  # what this service serves (the trainer's weights)
-        # every Hello is signed with the run's secret when there is one (grpo_stream.hub.auth)
-        self._secret = (
-            None if join.security.secret_file is None else load_secret(join.security.secret_file)
-        )
+        self.endpoints: m.Endpoints | None = None  # what this service serves (a trainer)
+        # every Hello is signed with the run's secret when there is one (grpo_stream.hub.auth),
+        # and every message after it sealed with the session key it opens
+        self.secret = join.secret
+        self._key: bytes | None = None  # the session key of the last Hello (with a secret)
         self._warn = RateLimit()
         self.ctx = make_context()
         # until the first Welcome: the defaults (small messages only: Hello and Welcome)
         self.transport = TransportSettings(**self._own())
-        self.client = Client(self.ctx, join.hub, self.transport, self.security, join.instance)
-        self.peers: dict[str, Any] = {}
+        self.identity = session_identity(join.instance)
+        self.client = Client(self.ctx, join.hub, self.transport, self.security, self.identity)
+        self.peers: m.Endpoints | None = None  # the trainer's, from the last Welcome
         self.digest = ""  # the config digest this service runs (from its first Welcome)
         self.config_changed = False  # a later Welcome carried another digest: refused
         self.stats: dict[str, Any] = {}  # display-only counters in each heartbeat
@@ -143,7 +148,10 @@ class Session:
         setup_logging(
             self.service, self.instance, self.cfg.run.run_dir, level, console_json=console_json
         )
-        log.info("hub.connected", hub=self.hub, run_id=welcome.run_id, digest=self.digest)
+        log.info(
+            "hub.connected", hub=self.hub, run_id=welcome.run_id, digest=self.digest,
+            identity=self.identity, sealed=self.secret is not None,
+        )  # fmt: skip
         self._hb = threading.Thread(  # with this thread's bound log fields (service, instance)
             target=contextvars.copy_context().run,
             args=(self._beat_loop,),
@@ -199,7 +207,7 @@ class Session:
             self._rejoin_wanted.clear()
             self._quiet_until = time.monotonic() + 2 * self.transport.heartbeat_interval_s
         self.policy_version = max(self.policy_version, welcome.policy_version)
-        self.peers = dict(welcome.peers)
+        self.peers = welcome.peers
         if answered_hello and self.joins > 1:
             self._rejoined()
 
@@ -292,7 +300,14 @@ class Session:
             fingerprint=self.fingerprint,
             endpoints=self.endpoints,
         )
-        return hello if self._secret is None else sign(hello, self._secret)
+        if self.secret is None:
+            return hello
+        sign(hello, self.secret)
+        # what follows this Hello on the main socket is sealed with the key it opens (the
+        # Hello itself too: the hub checks the Hello's signature, not its seal)
+        self._key = session_key(self.secret, hello)
+        self.client.sealer = Sealer(self._key, MAIN)
+        return hello
 
     def _heartbeat(self) -> m.Heartbeat:
         return m.Heartbeat(
@@ -305,10 +320,13 @@ class Session:
     def _beat_loop(self) -> None:
         """Heartbeats from their own socket and thread, so a long model load or generation
         never looks like a dead process; a stopped (SIGSTOP) or killed one stops beating."""
-        identity = beat_identity(self.instance, os.getpid())
+        identity = beat_identity(self.identity)
         client = Client(self.ctx, self.hub, self.transport, self.security, identity)
         try:
             while not self._hb_stop.wait(self.transport.heartbeat_interval_s):
+                key = self._key  # the main thread replaces it on each Hello
+                if key is not None and (client.sealer is None or client.sealer.key != key):
+                    client.sealer = Sealer(key, BEATS)
                 try:
                     client.send(self._heartbeat())
                 except TransportError as exc:  # the hub is away: keep trying

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from grpo_stream.tasks.arith import ArithTask
-from grpo_stream.tasks.base import Problem, Task
-from grpo_stream.tasks.countdown import CountdownTask
-from grpo_stream.tasks.dataset import DatasetTask, TaskDataError
-from grpo_stream.tasks.holdout import HeldOut, held_out
-from grpo_stream.tasks.settings import (
+from grpo_stream.config.tasks import (
     GSM8K_ANSWER_REGEX,
     GYM_PREFIX,
     VERIFIERS_PREFIX,
     RewardSpec,
     TaskSettings,
 )
+from grpo_stream.envs.verifiers_task import VerifiersTask
+from grpo_stream.tasks.arith import ArithTask
+from grpo_stream.tasks.base import Problem, Task
+from grpo_stream.tasks.countdown import CountdownTask
+from grpo_stream.tasks.dataset import DatasetTask, TaskDataError
+from grpo_stream.tasks.guess import GuessTask
+from grpo_stream.tasks.gym import ReasoningGymTask
+from grpo_stream.tasks.holdout import HeldOut, held_out
 
 __all__ = [
     "ArithTask",
@@ -52,19 +55,13 @@ def _base_task(settings: TaskSettings, tokenizer: Any) -> Task:
             chat_template=settings.chat_template,
         )
     if settings.name == "guess":
-        from grpo_stream.tasks.guess import GuessTask
-
         return GuessTask(seed=settings.seed, high=settings.guess_max)
     if settings.name == "calc":  # arith's problems, all three operators, for the calc env
         return ArithTask(seed=settings.seed, max_operand=settings.calc_max, ops="+-*", name="calc")
     if settings.name.startswith(VERIFIERS_PREFIX):
-        from grpo_stream.envs.verifiers_task import VerifiersTask
-
         spec = settings.name[len(VERIFIERS_PREFIX) :]
         return VerifiersTask(spec, tokenizer, chat_template=settings.chat_template)
     if settings.name.startswith(GYM_PREFIX):
-        from grpo_stream.tasks.gym import ReasoningGymTask
-
         return ReasoningGymTask(settings, tokenizer)
     if settings.name == "math":
         if settings.path is None and settings.dataset is None:

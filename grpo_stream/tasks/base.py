@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from grpo_stream.tasks.settings import RewardSpec
+from grpo_stream.config.tasks import RewardSpec
 
 
 @dataclass(frozen=True)

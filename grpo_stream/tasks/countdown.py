@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.tasks.base import Problem, chat_prompt, problem_rng
-from grpo_stream.tasks.settings import RewardSpec
 
 MIN_NUMBER = 1
 MAX_NUMBER = 99

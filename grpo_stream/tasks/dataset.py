@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from grpo_stream.config.tasks import RewardSpec, TaskSettings
 from grpo_stream.tasks.base import Problem, chat_prompt
-from grpo_stream.tasks.settings import RewardSpec, TaskSettings
 
 BUILDERS = {
     ".parquet": "parquet",

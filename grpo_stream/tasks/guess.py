@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.tasks.base import Problem, problem_rng
-from grpo_stream.tasks.settings import RewardSpec
 
 
 @dataclass(frozen=True)

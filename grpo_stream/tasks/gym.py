@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_stream.config.tasks import GYM_PREFIX, RewardSpec, TaskSettings
 from grpo_stream.tasks.base import Problem
 from grpo_stream.tasks.dataset import (
     TaskDataError,
@@ -20,7 +21,6 @@ from grpo_stream.tasks.dataset import (
     render_prompt,
     template_fields,
 )
-from grpo_stream.tasks.settings import GYM_PREFIX, RewardSpec, TaskSettings
 
 
 def _native(entry: dict[str, Any]) -> dict[str, Any]:

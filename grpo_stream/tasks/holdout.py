@@ -12,9 +12,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.tasks.base import Problem, Task
 from grpo_stream.tasks.dataset import TaskDataError
-from grpo_stream.tasks.settings import RewardSpec
 
 _BUCKETS = 1 << 20
 _TRIES = 256

@@ -74,6 +74,7 @@ class Tensors:
     packing: Packing | None = None  # the same sequences packed for the forward, if packed
     token_advantages: torch.Tensor | None = None  # (B, T) float32 per-turn advantages, if any
     prompts: SharedPrompts | None = None  # the same sequences split for a shared-prompt forward
+    rows: torch.Tensor | None = None  # (B,) long: each row's sequence in the TrainBatch
 
     @property
     def loss_advantages(self) -> torch.Tensor:
@@ -106,6 +107,7 @@ class Tensors:
             None if self.packing is None else self.packing.to(device),
             None if self.token_advantages is None else self.token_advantages.to(device),
             None if self.prompts is None else self.prompts.to(device),
+            self.rows,  # stays on the CPU: only the evidence of verified rollouts reads it
         )
 
     def slice(self, lo: int, hi: int) -> Tensors:
@@ -122,6 +124,7 @@ class Tensors:
             token_advantages=None
             if self.token_advantages is None
             else self.token_advantages[lo:hi, :width],
+            rows=None if self.rows is None else self.rows[lo:hi],
         )
 
     def select(self, rows: torch.Tensor) -> Tensors:
@@ -134,6 +137,7 @@ class Tensors:
             self.rewards[rows],
             self.versions[rows],
             token_advantages=None if self.token_advantages is None else self.token_advantages[rows],
+            rows=None if self.rows is None else self.rows[rows.cpu()],
         )
 
 
@@ -177,6 +181,7 @@ def to_tensors(batch: TrainBatch, pad_id: int) -> Tensors:
         torch.from_numpy(np.array(batch.rewards, dtype=np.float32)),
         torch.from_numpy(np.array(batch.versions, dtype=np.int64)),
         token_advantages=token_adv,
+        rows=torch.arange(n),
     )
 
 

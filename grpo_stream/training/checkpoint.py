@@ -10,20 +10,19 @@ marker last, then the directory is renamed into place: a crash while writing lea
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import numpy as np
 import structlog
 import torch
 
+from grpo_stream.algo.regularizer import GradRegularizer
+from grpo_stream.algo.rollback import RollbackGuard
 from grpo_stream.progress import long_wait
-
-if TYPE_CHECKING:
-    from grpo_stream.training.state import TrainState
+from grpo_stream.rng import rng_state, set_rng_state
+from grpo_stream.training.fsdp import full_model_state, full_optimizer_state, load_optimizer_state
 
 log = structlog.get_logger()
 MARKER = "COMPLETE"
@@ -51,29 +50,42 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def rng_state() -> dict[str, Any]:
-    """RNG states as tensors and plain lists, so torch.load(weights_only=True) can read them."""
-    py_version, py_state, py_gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
-    return {
-        "torch": torch.get_rng_state(),
-        "python": [py_version, list(py_state), py_gauss],
-        "numpy": [
-            np_name,
-            torch.from_numpy(np.asarray(np_keys).astype(np.int64)),
-            np_pos,
-            np_has_gauss,
-            np_gauss,
-        ],
-    }
+class ResumeError(RuntimeError):
+    """The ranks cannot resume together; the message is one line."""
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, py_state, gauss = state["python"]
-    random.setstate((version, tuple(py_state), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+def resume_point(
+    run_dir: Path, resume: bool, rank: int, world: int, sharded: bool
+) -> tuple[Path | None, Path | None, dict[str, Any] | None]:
+    """Where this rank resumes from: (the checkpoint to load its weights from, or None for
+    the base weights; the run's checkpoint; the trainer state rank 0 sent, or None to read it
+    from that checkpoint). Rank 0's newest complete checkpoint is the run's. Ranks whose own
+    run directory lacks it (no shared filesystem: the checkpoints are on rank 0's node) get
+    rank 0's trainer_state.pt over torch.distributed and start from the base weights, which
+    DDP replaces with rank 0's when it wraps the model."""
+    local = latest_checkpoint(run_dir) if resume else None
+    if world == 1:
+        return local, local, None
+    dist = torch.distributed
+    chosen = [None if local is None else local.name]
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        return None, None, None
+    path = checkpoint_root(run_dir) / str(chosen[0])
+    have = (path / MARKER).exists()
+    every: list[bool | None] = [None] * world
+    dist.all_gather_object(every, have)
+    if all(every):
+        return path, path, None
+    if sharded:
+        missing = [r for r, ok in enumerate(every) if not ok]
+        raise ResumeError(
+            f"trainer.parallel = fsdp2 resumes only when every rank's run directory holds "
+            f"{path.name} (ranks {missing} have none): put run.run_dir on a shared filesystem"
+        )
+    sent = [load_trainer_state(path) if rank == 0 else None]
+    dist.broadcast_object_list(sent, src=0)
+    return (path if have else None), path, sent[0]
 
 
 def save_checkpoint(
@@ -123,16 +135,27 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     return state
 
 
+class Resumable(Protocol):
+    """What a trainer's checkpoint holds besides the weights (`training.state.TrainState`)."""
+
+    model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    regularizer: GradRegularizer
+    guard: RollbackGuard
+    step: int
+    version: int
+    fsdp: bool
+
+
 def gather_trainer_state(
-    state: TrainState,
+    state: Resumable,
 ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
     """(the full weights gathered under FSDP2, else None: the model holds them; what
     trainer_state.pt holds: optimizer, scheduler, regularizer, rollback guard, step,
     version). Under FSDP2 collective: every rank calls it, rank 0 gets the unsharded state."""
     weights, optimizer = None, None
     if state.fsdp:
-        from grpo_stream.training.fsdp import full_model_state, full_optimizer_state
-
         weights = full_model_state(state.model)
         optimizer = full_optimizer_state(state.model, state.optimizer)
     saved = {
@@ -146,13 +169,13 @@ def gather_trainer_state(
     return weights, saved
 
 
-def restore_trainer_state(state: TrainState, path: Path) -> None:
-    """Load trainer_state.pt of checkpoint `path` into `state` (its weights are loaded with
-    the model)."""
-    saved = load_trainer_state(path)
+def restore_trainer_state(
+    state: Resumable, path: Path, saved: dict[str, Any] | None = None
+) -> None:
+    """Load trainer_state.pt of checkpoint `path` (or `saved`, what rank 0 read there) into
+    `state` (its weights are loaded with the model)."""
+    saved = load_trainer_state(path) if saved is None else saved
     if state.fsdp:
-        from grpo_stream.training.fsdp import load_optimizer_state
-
         load_optimizer_state(state.model, state.optimizer, saved["optimizer"])
     else:
         state.optimizer.load_state_dict(saved["optimizer"])

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from grpo_stream.config import ConfigError, RunConfig
+from grpo_stream.models.loading import resolve_model
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -86,18 +87,11 @@ def resolve_precision(setting: str, device: str, cuda: CudaProbe) -> Mode:
     return "fp16-mixed" if setting == "fp16-mixed" else "fp32"
 
 
-def process_group_backend(device: str) -> str:
-    """NCCL when the ranks' tensors are on GPUs, gloo on the CPU."""
-    return "nccl" if device.startswith("cuda") else "gloo"
-
-
 def checkpointing_supported(name_or_path: str) -> bool:
     """Whether transformers can checkpoint the layers of this causal LM (from its config:
     no weights are loaded)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    from grpo_stream.models.loading import resolve_model
 
     config = AutoConfig.from_pretrained(resolve_model(name_or_path))
     try:

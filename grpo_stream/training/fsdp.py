@@ -29,6 +29,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
+from grpo_stream.collectives import collective_device
+
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _LOAD = StateDictOptions(full_state_dict=True)  # every rank passes the full state
 
@@ -98,6 +100,6 @@ def state_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
 def max_over_ranks(value: int) -> int:
     """Collective: the largest `value` any rank holds."""
     dist = torch.distributed
-    count = torch.tensor([value], dtype=torch.int64)
+    count = torch.tensor([value], dtype=torch.int64, device=collective_device())
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return int(count.item())

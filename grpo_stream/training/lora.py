@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from grpo_stream.config.lora import LoraSettings
 from grpo_stream.models.adapter import (
     MANIFEST_NAME,
     AdapterError,
     AdapterManifest,
-    LoraSettings,
     base_fingerprint,
     manifest_tensor,
 )
+from grpo_stream.models.loading import resolve_model
 
 if TYPE_CHECKING:
     import torch
@@ -108,8 +109,6 @@ def wrap_policy(
     peft cannot adapt the matched modules.
     """
     from peft import PeftModel, get_peft_model
-
-    from grpo_stream.models.loading import resolve_model
 
     fingerprint = base_fingerprint(model.named_parameters())
     config = lora_config(settings, resolve_model(base_model))

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+import torch
 
 from grpo_stream.models.adapter import AdapterError
-from grpo_stream.models.loading import Dtype
+from grpo_stream.models.loading import Dtype, load_policy, resolve_model, torch_dtype
 from grpo_stream.training.checkpoint import MARKER, latest_checkpoint
 
 log = structlog.get_logger()
@@ -86,8 +87,6 @@ def _write_merged(ckpt: Path, out: Path, base: str, dtype: Dtype) -> None:
     """Base + adapter merged in fp32, saved in `dtype`."""
     from peft import PeftModel
 
-    from grpo_stream.models.loading import load_policy, resolve_model, torch_dtype
-
     model: Any = load_policy(base, dtype="float32", device="cpu", trainable=False)
     if dtype == "auto":
         saved_dtype = _config_dtype(Path(resolve_model(base)))
@@ -101,8 +100,6 @@ def _write_merged(ckpt: Path, out: Path, base: str, dtype: Dtype) -> None:
 
 def _config_dtype(path: Path) -> Any:
     """The torch dtype the base model's config.json records (None if it records none)."""
-    import torch
-
     config = path / "config.json"
     if not config.exists():
         return None

@@ -40,6 +40,7 @@ def hub_columns(stats: StepStats) -> dict[str, Any]:
         "reward_std": stats.reward_std,
         "pass_rate": stats.pass_rate,
         "staleness_mean": stats.staleness_mean,
+        "staleness_counts": stats.staleness_counts,
         "groups_trained": stats.groups_trained,
         "groups_filtered": stats.groups_filtered,
         "groups_stale": stats.groups_stale,
@@ -48,6 +49,10 @@ def hub_columns(stats: StepStats) -> dict[str, Any]:
         "tokens_per_s": sum(rates.values()),  # all generators together
         "gen_tokens_per_s": rates,
         "gen_wait_s": stats.gen_wait_s,
+        "step_groups": stats.step_groups,
+        "groups_refilled": stats.groups_refilled,
+        "signal_rate": stats.signal_rate,
+        "distill_kl": stats.distill_kl,
     }
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from grpo_stream.algo.loss import loss_totals
+from grpo_stream.protocols.messages import BatchTotals
 from grpo_stream.training.batch import Tensors
 
 
@@ -42,6 +44,22 @@ def split_rows(t: Tensors, k: int) -> list[Tensors]:
 def own_totals(t: Tensors) -> tuple[float, float]:
     """A minibatch's loss normalisers on one rank: its sequences and completion tokens."""
     return float(t.size), float(t.completion_mask.sum())
+
+
+def shard_totals(t: Tensors, step: int, total: BatchTotals, world_size: int) -> tuple[float, float]:
+    """Loss normalisers: the whole step's counts (`TrainBatch.totals`, over every rank's
+    shard), divided by the ranks (DDP and FSDP2 average the ranks' gradients). Totals
+    that cannot be the step's (fewer than this shard holds; or, on one rank, not its
+    counts) are refused: they would scale the update wrongly without a sign."""
+    seqs, tokens = loss_totals(t.completion_mask)
+    smaller = total.num_seqs < seqs or total.num_tokens < tokens
+    if smaller or (world_size == 1 and (total.num_seqs, total.num_tokens) != (seqs, tokens)):
+        raise ValueError(
+            f"step {step}: TrainBatch.totals ({total.num_seqs} sequences, "
+            f"{total.num_tokens} tokens) cannot be the step's: this shard has {seqs} "
+            f"sequences, {tokens} tokens on {world_size} rank(s)"
+        )
+    return total.num_seqs / world_size, total.num_tokens / world_size
 
 
 def merge(updates: list[tuple[dict[str, Any], float]]) -> dict[str, Any]:

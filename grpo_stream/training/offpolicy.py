@@ -18,7 +18,9 @@ mismatch and staleness:
   no extra forward runs: the same weights, so the same numbers);
 - is_over_cap_frac: fraction of tokens with u > is_cap (what tis truncates, decoupled drops);
 - logp_gap: mean |log pi_trainer - log pi_behaviour| per token;
-- logp_gap_stale{k}: the same over tokens generated k versions before the trained version.
+- logp_gap_stale{k}: the same over tokens generated k versions before the trained version;
+- per sequence, its gap sum, tokens and staleness (`rows`): `training.evidence` turns them
+  into the step's `RolloutEvidence`, per group, for the hub's verified rollouts.
 
 Under FSDP2 a rank with fewer micro-batches repeats its last one at zero weight (see
 TrainState._passes); that filler is counted here once more (means shift slightly, the max
@@ -64,10 +66,13 @@ class OffPolicyMeter:
     gap_sum: float = 0.0
     stale_gap: dict[int, float] = field(default_factory=dict)
     stale_tokens: dict[int, float] = field(default_factory=dict)
+    rows: dict[int, tuple[float, float, int]] = field(default_factory=dict)
+    """TrainBatch sequence -> (gap sum, tokens, staleness)."""
 
     def reset(self) -> None:
         self.tokens = self.weight_sum = self.weight_max = self.over = self.gap_sum = 0.0
         self.stale_gap, self.stale_tokens = {}, {}
+        self.rows = {}
 
     def add(self, trainer_logp: torch.Tensor, part: Tensors, version: int) -> None:
         """Count `part`'s completion tokens; `version` is the trainer's version this step."""
@@ -88,7 +93,13 @@ class OffPolicyMeter:
                     gap.sum(),
                 ]
             ).tolist()
-            rows = zip(stale.tolist(), per_row_gap.tolist(), per_row_tokens.tolist(), strict=True)
+            rows = list(
+                zip(stale.tolist(), per_row_gap.tolist(), per_row_tokens.tolist(), strict=True)
+            )
+        if part.rows is not None:
+            for seq, (k, g, n) in zip(part.rows.tolist(), rows, strict=True):
+                gap_sum, count, _ = self.rows.get(seq, (0.0, 0.0, 0))
+                self.rows[seq] = (gap_sum + g, count + n, int(k))
         tokens, weight_sum, weight_max, over, gap_sum = numbers
         self.tokens += tokens
         self.weight_sum += weight_sum

@@ -29,7 +29,9 @@ from typing import Any
 import torch
 
 from grpo_stream.algo.logprobs import token_logprobs
+from grpo_stream.config.trainer import TrainerSettings
 from grpo_stream.training.batch import Packing, Tensors
+from grpo_stream.training.prompts import shared_logprobs, shared_micro_batches
 
 Rows = list[list[int]]
 """Sequence indices per row."""
@@ -148,6 +150,28 @@ def micro_batches(
     return [pack_rows(t, g, pad_id) for g in groups]
 
 
+def plan_micro_batches(
+    t: Tensors, s: TrainerSettings, attn_implementation: str, pad_id: int, share: bool
+) -> tuple[list[Tensors], str]:
+    """The step's token-budget micro-batches and their layout: with shared prompts
+    (training/prompts.py) where `share` and some prompt repeats ("shared"), else packed or
+    padded (see the module docstring)."""
+    parts = None
+    if share:
+        parts = shared_micro_batches(t, s.micro_batch_tokens, s.micro_batch, pad_id)
+    if parts is None:
+        parts = micro_batches(
+            t, s.micro_batch_tokens, s.micro_batch, s.packing, attn_implementation, pad_id
+        )
+    first = parts[0] if parts else None
+    layout = (
+        "shared" if first is not None and first.prompts is not None
+        else "packed" if first is not None and first.packing is not None
+        else "padded"
+    )  # fmt: skip
+    return parts, layout
+
+
 def sequence_logprobs(
     model: Any, part: Tensors, chunk: int, temperature: float, with_entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,8 +179,6 @@ def sequence_logprobs(
     per-sequence layout, whether it runs packed, padded or with shared prompts
     (training/prompts.py); `chunk` rows per forward."""
     if part.prompts is not None:
-        from grpo_stream.training.prompts import shared_logprobs
-
         return shared_logprobs(model, part, chunk, temperature, with_entropy)
     p = part.packing
     if p is None:
@@ -186,3 +208,10 @@ def sequence_logprobs(
 def _unpack(packed: torch.Tensor, index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(R, W) values -> (S, T) per sequence, 0 outside `mask`."""
     return torch.where(mask, packed.reshape(-1)[index], 0.0)
+
+
+def reference_logprobs(model: Any, part: Tensors, chunk: int, temperature: float) -> torch.Tensor:
+    """The reference model's token log-probs (S, T) of a micro-batch: no grad, no entropy."""
+    with torch.no_grad():
+        ref, _ = sequence_logprobs(model, part, chunk, temperature, with_entropy=False)
+    return ref

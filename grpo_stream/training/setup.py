@@ -1,6 +1,6 @@
-"""Building a trainer's parts: the process group, the policy (optionally LoRA-wrapped or
-FSDP2-sharded), its tokenizer, the reference model and the optimizer
-(`TrainState.create` assembles them, training/state.py)."""
+"""Building a trainer's parts: this rank's device and process group, the policy (optionally
+LoRA-wrapped, FSDP2-sharded or DDP-wrapped), its tokenizer, the reference model, the
+optimizer and its lr schedule (`TrainState.create` assembles them, training/state.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ from typing import Any
 
 import structlog
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
+from grpo_stream.collectives import init_distributed
 from grpo_stream.config import RunConfig
-from grpo_stream.training.lora import LoraPolicy
+from grpo_stream.models.loading import load_policy, load_tokenizer, prepare_training
+from grpo_stream.training.bf16 import KahanAdamW
+from grpo_stream.training.device import Mode, resolve
+from grpo_stream.training.fsdp import shard_model
+from grpo_stream.training.lora import AdapterDisabled, LoraPolicy, wrap_policy
 
 log = structlog.get_logger()
 
@@ -23,8 +29,6 @@ def load_models(
     """(policy, tokenizer, reference or None, LoRA or None) on `device` in precision `mode`:
     the policy from `ckpt` when resuming (LoRA: the base from the source, the adapter from
     ckpt), the reference (only with a KL term) always from the source."""
-    from grpo_stream.models.loading import load_policy, load_tokenizer, prepare_training
-
     source = cfg.model.name_or_path
     lora_on = cfg.trainer.lora.enabled  # LoRA: the base from source, the adapter from ckpt
     # the policy's master weights are float32 in every precision mode unless a dtype is
@@ -41,18 +45,12 @@ def load_models(
     prepare_training(model, cfg.trainer.dropout, cfg.trainer.gradient_checkpointing)
     lora = None
     if lora_on:
-        from grpo_stream.training.lora import wrap_policy
-
         model, lora = wrap_policy(model, cfg.trainer.lora, source, ckpt)
     if sharded:
-        from grpo_stream.training.fsdp import shard_model
-
         shard_model(model)  # before the optimizer, which must hold the DTensor parameters
     tokenizer = load_tokenizer(source)
     ref = None
     if cfg.algo.loss.beta > 0 and lora is not None:
-        from grpo_stream.training.lora import AdapterDisabled
-
         ref = AdapterDisabled(model)  # the base with the adapter off: no second copy
         log.info("lora.reference_shared", saved_mb=round(ref.saved_bytes / 2**20, 1))
     elif cfg.algo.loss.beta > 0:
@@ -73,19 +71,30 @@ def make_optimizer(
     Unsharded, AdamW runs fused (one vectorised pass per parameter: on the CPU 3-4x faster
     than the per-tensor loop, the same update); FSDP2's DTensor shards keep the default."""
     if mode == "bf16":
-        from grpo_stream.training.bf16 import KahanAdamW
-
         return KahanAdamW(params, lr=lr, weight_decay=weight_decay)
     fused = not sharded and all(p.dtype in FUSED_DTYPES for p in params)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
-def init_distributed(backend: str = "gloo") -> tuple[int, int]:
-    """(rank, world size) from torchrun's environment; joins the process group if > 1
-    (NCCL when the ranks' tensors are on GPUs, gloo on the CPU)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    dist = torch.distributed
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend)
-    return rank, world
+def start_rank(cfg: RunConfig) -> tuple[str, Mode, int, int]:
+    """This rank's device (CUDA's current one when on a GPU) and precision mode, and its
+    (rank, world) in the process group, started (grpo_stream/collectives.py)."""
+    device, mode = resolve(cfg, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    rank, world = init_distributed(device)
+    return device, mode, rank, world
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, warm: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A linear warm-up over `warm` steps (none when 0), then the optimizer's lr."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+    )
+
+
+def wrap_ddp(model: Any, device: str, bucket_mb: float) -> DistributedDataParallel:
+    """The policy under DDP, which all-reduces gradient buckets asynchronously while
+    backward still runs."""
+    ids = [torch.device(device).index] if device.startswith("cuda") else None
+    return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_mb)

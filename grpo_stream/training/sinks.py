@@ -2,12 +2,14 @@
 
 Selected by `run.sinks` (e.g. ["tensorboard", "wandb"]). TensorBoard writes event files to
 RUN_DIR/tensorboard; W&B logs to its project (set WANDB_MODE=offline to keep it on disk
-under RUN_DIR/wandb). Only numbers are sent; a sink that fails to start is an error that
+under RUN_DIR/wandb). Numbers are sent every step, and the sample completions
+(`run.log_completions`) as text; a sink that fails to start is an error that
 names the missing package (`pip install "grpo-stream[sinks]"`).
 """
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,6 +17,8 @@ from typing import Any, Protocol
 
 class Sink(Protocol):
     def write(self, step: int, row: dict[str, Any]) -> None: ...
+
+    def write_text(self, step: int, tag: str, text: str) -> None: ...
 
     def close(self) -> None: ...
 
@@ -42,6 +46,10 @@ class TensorBoardSink:
             self._writer.add_scalar(key, value, step)
         self._writer.flush()
 
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        self._writer.add_text(tag, text, step)
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
 
@@ -52,6 +60,7 @@ class WandbSink:
             import wandb
         except ImportError as exc:
             raise RuntimeError('run.sinks has "wandb": pip install "grpo-stream[sinks]"') from exc
+        self._wandb = wandb
         self._run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "grpo-stream"),
             name=run_dir.name,
@@ -62,6 +71,9 @@ class WandbSink:
 
     def write(self, step: int, row: dict[str, Any]) -> None:
         self._run.log(_numbers(row), step=step)
+
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        self._run.log({tag: self._wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=step)
 
     def close(self) -> None:
         self._run.finish()

@@ -23,6 +23,24 @@ ALIGN = 64  # bytes: every staged tensor starts aligned for any dtype's view
 Named = tuple[str, torch.Tensor]
 
 
+class CudaCopies:
+    """torch.cuda where staging meets it (tests replace it: no GPU on CPU hosts)."""
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        """A page-locked host buffer of `nbytes` bytes."""
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def on_device(self, tensor: torch.Tensor) -> bool:
+        """Its copy to the host can run asynchronously (a CUDA tensor)."""
+        return tensor.is_cuda
+
+    def recorded_event(self) -> Any:
+        """An event recorded on the current stream after the copies issued so far."""
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        return event
+
+
 def _key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
@@ -34,14 +52,20 @@ def _nbytes(t: torch.Tensor) -> int:
 class HostStaging:
     """One reusable host buffer for the device -> host copies of published weights."""
 
-    def __init__(self, pin: bool, chunk_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, pin: bool, chunk_bytes: int = 64 << 20, cuda: CudaCopies | None = None
+    ) -> None:
         self.pin = pin
         self.chunk_bytes = chunk_bytes
+        self.cuda = CudaCopies() if cuda is None else cuda
         self.buffer: torch.Tensor | None = None  # (capacity,) uint8, grown when too small
 
     def _reserve(self, nbytes: int) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() < nbytes:
-            self.buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=self.pin)
+            size = max(nbytes, 1)
+            self.buffer = (
+                self.cuda.pinned(size) if self.pin else torch.empty(size, dtype=torch.uint8)
+            )
         return self.buffer
 
     def stage(self, named: Iterable[Named]) -> Iterator[Named]:
@@ -93,11 +117,8 @@ class HostStaging:
                 continue
             start = offsets[key]
             view = buffer[start : start + _nbytes(t)].view(t.dtype).view(t.shape)
-            view.copy_(t.detach(), non_blocking=self.pin and t.is_cuda)
+            device = self.pin and self.cuda.on_device(t)
+            view.copy_(t.detach(), non_blocking=device)
             views[key] = view
-            on_gpu = on_gpu or t.is_cuda
-        if not (self.pin and on_gpu):
-            return None
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
-        return event
+            on_gpu = on_gpu or device
+        return self.cuda.recorded_event() if on_gpu else None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ import structlog
 import torch
 
 from grpo_stream.algo.logprobs import shared_prompts_supported
-from grpo_stream.algo.loss import grpo_loss, loss_totals
+from grpo_stream.algo.loss import grpo_loss
 from grpo_stream.algo.regularizer import GradRegularizer
 from grpo_stream.algo.rollback import RollbackGuard
 from grpo_stream.config import RunConfig
@@ -36,21 +35,31 @@ from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 from grpo_stream.training.batch import Tensors, to_tensors
 from grpo_stream.training.checkpoint import (
     gather_trainer_state,
-    latest_checkpoint,
     restore_trainer_state,
+    resume_point,
     save_checkpoint,
 )
+from grpo_stream.training.fsdp import full_model_state, max_over_ranks
 from grpo_stream.training.lora import LoraPolicy
-from grpo_stream.training.minibatches import merge, own_totals, split_rows
+from grpo_stream.training.minibatches import merge, own_totals, shard_totals, split_rows
 from grpo_stream.training.offpolicy import (
     OffPolicyMeter,
     deterministic_forward,
     proximal_logprobs,
 )
-from grpo_stream.training.packing import micro_batches, sequence_logprobs
+from grpo_stream.training.packing import (
+    plan_micro_batches,
+    reference_logprobs,
+    sequence_logprobs,
+)
 from grpo_stream.training.precision import Precision
-from grpo_stream.training.prompts import shared_micro_batches
-from grpo_stream.training.setup import init_distributed, load_models, make_optimizer
+from grpo_stream.training.setup import (
+    load_models,
+    make_optimizer,
+    make_schedule,
+    start_rank,
+    wrap_ddp,
+)
 from grpo_stream.training.staging import HostStaging
 
 log = structlog.get_logger()
@@ -87,26 +96,20 @@ class TrainState:
     device: str = "cpu"  # where the policy, reference, optimizer state and batches live
     precision: Precision = field(default_factory=lambda: Precision("fp32", "cpu"))
     staging: HostStaging | None = None  # pinned device -> host buffer for publishing (GPU)
+    layout: str = ""  # the last step's micro-batch layout: shared, packed or padded
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
-        from grpo_stream.training.device import process_group_backend, resolve
-
         torch.manual_seed(cfg.run.seed)
-        device, mode = resolve(cfg, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-        if device.startswith("cuda"):
-            torch.cuda.set_device(device)
-        rank, world = init_distributed(process_group_backend(device))
+        device, mode, rank, world = start_rank(cfg)
         sharded = world > 1 and cfg.trainer.parallel == "fsdp2"
-        ckpt = latest_checkpoint(Path(cfg.run.run_dir)) if resume else None
-        model, tokenizer, ref, lora = load_models(cfg, device, mode, ckpt, sharded)
+        # rank 0's checkpoint; a rank without its own copy gets its state from rank 0
+        weights, ckpt, sent = resume_point(Path(cfg.run.run_dir), resume, rank, world, sharded)
+        model, tokenizer, ref, lora = load_models(cfg, device, mode, weights, sharded)
         t = cfg.trainer
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
         optimizer = make_optimizer(trainable, t.lr, t.weight_decay, mode, sharded)
-        warm = t.warmup_steps
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-        )
+        scheduler = make_schedule(optimizer, t.warmup_steps)
         # Under DDP the gradients are already all-reduced (identical on every rank), so the
         # regularizer's norm must not sum over ranks again; FSDP2 shards must be summed.
         regularizer = GradRegularizer(cfg.algo.regularizer, sharded=world == 1 or sharded)
@@ -118,15 +121,9 @@ class TrainState:
             state.staging = HostStaging(pin=True)
         log.info("trainer.device", device=device, precision=mode, world=world)
         if ckpt is not None:
-            restore_trainer_state(state, ckpt)
+            restore_trainer_state(state, ckpt, sent)
         if world > 1 and not sharded:
-            from torch.nn.parallel import DistributedDataParallel
-
-            # DDP all-reduces gradient buckets asynchronously while backward still runs.
-            ids = [torch.device(device).index] if device.startswith("cuda") else None
-            state.ddp = DistributedDataParallel(
-                model, device_ids=ids, bucket_cap_mb=t.ddp_bucket_mb
-            )
+            state.ddp = wrap_ddp(model, device, t.ddp_bucket_mb)
         state.guard.snapshot(model, optimizer, state.regularizer, state.step, scheduler)
         return state
 
@@ -154,8 +151,6 @@ class TrainState:
         (not when iterated): every rank calls it at the same point, rank 0 gets the tensors
         and the other ranks nothing."""
         if self.fsdp:
-            from grpo_stream.training.fsdp import full_model_state
-
             return iter(full_model_state(self.model).items())
         if self.lora is not None:
             weights = self.lora.named_weights(self.model)  # the adapter and its manifest only
@@ -198,6 +193,7 @@ class TrainState:
             rollbacks=self.guard.total,
             explosions=self.guard.explosions,
             overflow_skips=self.precision.overflow_skips,
+            layout=self.layout,
         )
         return StepResult(applied=True, metrics=metrics)
 
@@ -250,7 +246,7 @@ class TrainState:
                         proximal_logprobs(
                             self.model,
                             part,
-                            settings.chunk_for(part.forward_shape[1], self._vocab()),
+                            settings.chunk_for(part.forward_shape[1], self.vocab_size()),
                             sampling.temperature,
                         )
                         for part in parts
@@ -271,7 +267,8 @@ class TrainState:
             republish=self.guard.restores_weights,
         )
 
-    def _vocab(self) -> int:
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: a token id at or past it cannot be trained."""
         return int(self.model.config.vocab_size)
 
     def _pad_id(self) -> int:
@@ -279,22 +276,8 @@ class TrainState:
         return int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
 
     def _totals(self, t: Tensors, batch: TrainBatch) -> tuple[float, float]:
-        """Loss normalisers: the whole step's counts (`TrainBatch.totals`, over every rank's
-        shard), divided by the ranks (DDP and FSDP2 average the ranks' gradients). Totals
-        that cannot be the step's (fewer than this shard holds; or, on one rank, not its
-        counts) are refused: they would scale the update wrongly without a sign."""
-        seqs, tokens = loss_totals(t.completion_mask)
-        total = batch.totals
-        smaller = total.num_seqs < seqs or total.num_tokens < tokens
-        if smaller or (
-            self.world_size == 1 and (total.num_seqs, total.num_tokens) != (seqs, tokens)
-        ):
-            raise ValueError(
-                f"step {batch.step}: TrainBatch.totals ({total.num_seqs} sequences, "
-                f"{total.num_tokens} tokens) cannot be the step's: this shard has {seqs} "
-                f"sequences, {tokens} tokens on {self.world_size} rank(s)"
-            )
-        return total.num_seqs / self.world_size, total.num_tokens / self.world_size
+        """Loss normalisers of this rank's shard (`minibatches.shard_totals`)."""
+        return shard_totals(t, batch.step, batch.totals, self.world_size)
 
     def _forward_backward(
         self,
@@ -339,16 +322,12 @@ class TrainState:
         return total, metrics
 
     def _micro_batches(self, t: Tensors) -> list[Tensors]:
-        """The step's token-budget micro-batches: with shared prompts (training/prompts.py)
-        where that applies and some prompt repeats, else packed or padded (packing.py)."""
-        s = self.cfg.trainer
+        """The step's token-budget micro-batches (`packing.plan_micro_batches`), on the
+        device; their layout is kept for the step's metrics."""
         impl = str(self.model.config._attn_implementation)
-        pad = self._pad_id()
-        parts = None
-        if self._shares_prompts(impl):
-            parts = shared_micro_batches(t, s.micro_batch_tokens, s.micro_batch, pad)
-        if parts is None:
-            parts = micro_batches(t, s.micro_batch_tokens, s.micro_batch, s.packing, impl, pad)
+        parts, self.layout = plan_micro_batches(
+            t, self.cfg.trainer, impl, self._pad_id(), self._shares_prompts(impl)
+        )
         return [part.to(self.device) for part in parts]
 
     def _shares_prompts(self, attn_implementation: str) -> bool:
@@ -371,8 +350,6 @@ class TrainState:
         a rank with fewer micro-batches repeats its last at zero weight to match the rest."""
         if not self.fsdp:
             return micro_batches
-        from grpo_stream.training.fsdp import max_over_ranks
-
         return max_over_ranks(micro_batches)
 
     def _micro_loss(
@@ -389,7 +366,7 @@ class TrainState:
         # and FSDP2 (every forward is collective; the ranks' chunk counts could differ).
         rows, width = part.forward_shape
         whole = self.ddp is not None or self.fsdp
-        chunk = rows if whole else settings.chunk_for(width, self._vocab())
+        chunk = rows if whole else settings.chunk_for(width, self.vocab_size())
         temperature = sampling.temperature  # the data's: log-probs of the sampled distribution
         # pi_prox: the weights at the start of the step, no grad (minibatches pass theirs);
         # with a deterministic forward it is this forward's own values (offpolicy.py)
@@ -400,7 +377,10 @@ class TrainState:
         if wants and prox is None:
             prox = logp.detach()
         self.meter.add(logp.detach() if prox is None else prox, part, self.version)
-        ref_logp = self._ref_logp(part, temperature) if self.ref_model is not None else None
+        ref_logp = None
+        if self.ref_model is not None:
+            ref_chunk = settings.chunk_for(width, self.vocab_size())
+            ref_logp = reference_logprobs(self.ref_model, part, ref_chunk, temperature)
         loss, m = grpo_loss(
             logp,
             part.old_logp,
@@ -418,14 +398,3 @@ class TrainState:
             self.fault_fired = True
             loss = loss * float("nan")  # test hook: exercise the rollback path once
         return loss, m
-
-    def _ref_logp(self, part: Tensors, temperature: float) -> torch.Tensor:
-        with torch.no_grad():
-            ref, _ = sequence_logprobs(
-                self.ref_model,
-                part,
-                self.cfg.algo.loss.chunk_for(part.forward_shape[1], self._vocab()),
-                temperature,
-                with_entropy=False,
-            )
-        return ref

@@ -31,14 +31,14 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.transport.errors import KeysError
-from grpo_stream.transport.settings import SecuritySettings
 
 log = structlog.get_logger()
 
 SERVER = "server"
 DEFAULT_CLIENT = "client"
-ROLES = ("trainer", "generator", "scorer", "evaluator")
+ROLES = ("trainer", "generator", "scorer", "evaluator", "teacher")
 """The client roles `keys init` writes a key pair for (the hub holds the server pair)."""
 AUTHORIZED = "authorized"
 ZAP_DOMAIN = "grpo-stream"

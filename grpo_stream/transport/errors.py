@@ -38,3 +38,7 @@ class WeightsTimeout(TransportError):
 
 class WeightsError(TransportError):
     """The weight server refused a request, or sent chunks that do not form one version."""
+
+
+class ExposedBind(TransportError):
+    """A server would bind beyond loopback with neither CURVE nor the run's secret."""

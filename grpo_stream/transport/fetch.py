@@ -17,7 +17,10 @@ Invariants:
   checksum mismatch is refused (`weights.refused`, one error event) and the version is
   fetched again in full from the trainer's server, never applied half.
 - A relay that stalls for `weights.relay_stall_s` or fails is given up: the version is
-  fetched again directly from the trainer's server (`direct`).
+  fetched again directly from the trainer's server (`direct`). A relay's chunks must carry
+  and add up to the checksum the trainer's server named in its WeightsRedirect: a relay
+  serving anything else is refused like a bad delta (`weights.refused`) and the version
+  fetched in full from the trainer.
 - A server that sends nothing for `weights.fetch_stall_s` (say it died mid-fetch) fails the
   fetch with WeightsTimeout then, not at the whole fetch's deadline; the caller retries.
 - A fetch that takes longer than a few seconds reports its progress (`weights.fetch.progress`).
@@ -35,6 +38,7 @@ import numpy as np
 import structlog
 import zmq
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.progress import Wait, long_wait
 from grpo_stream.protocols.messages import (
     Error,
@@ -53,7 +57,6 @@ from grpo_stream.transport.delta import (
 )
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
 from grpo_stream.transport.fetch_buffers import StagingBuffers, place, target
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import Client, Context, Subscriber
 
 log = structlog.get_logger()
@@ -69,6 +72,7 @@ class RelaySink(Protocol):
     """Where a fetcher hands what it receives to serve it on (`transport.relay.Relay`)."""
 
     address: str
+    claim: str  # signs `address` with the run's secret ("" without one)
 
     def expect(self, version: int, base: int) -> None: ...
     def offer(self, chunk: WeightsChunk) -> None: ...
@@ -207,7 +211,10 @@ class _Link:
         (`full`: ask for the whole set, not a delta)."""
         have = -1 if full else replica.version
         relay_at = None if self.relay is None else self.relay.address
-        request = WeightsRequest(version=version, have=have, relay=relay_at, direct=direct)
+        claim = "" if self.relay is None else self.relay.claim
+        request = WeightsRequest(
+            version=version, have=have, relay=relay_at, direct=direct, auth=claim
+        )
         try:
             got = self._once(origin, request, replica, stall_s=self.weights.fetch_stall_s)
             if isinstance(got, WeightsRedirect):
@@ -224,9 +231,13 @@ class _Link:
         self, redirect: WeightsRedirect, origin: str, request: WeightsRequest, replica: Replica
     ) -> tuple[int, int, Arrays, int] | WeightsRedirect:
         """The redirected version from the relay; from `origin` directly if the relay fails."""
-        via = WeightsRequest(version=redirect.version, have=redirect.base, relay=request.relay)
+        via = WeightsRequest(
+            version=redirect.version, have=redirect.base, relay=request.relay, auth=request.auth
+        )
         try:
-            got = self._once(redirect.address, via, replica, stall_s=self.weights.relay_stall_s)
+            got = self._once(
+                redirect.address, via, replica, self.weights.relay_stall_s, redirect.checksum
+            )
         except WeightsRefused:
             raise
         except (WeightsTimeout, WeightsError) as exc:
@@ -240,19 +251,32 @@ class _Link:
         return got
 
     def _once(
-        self, address: str, request: WeightsRequest, replica: Replica, stall_s: float
+        self,
+        address: str,
+        request: WeightsRequest,
+        replica: Replica,
+        stall_s: float,
+        announced: int | None = None,
     ) -> tuple[int, int, Arrays, int] | WeightsRedirect:
+        """One request to `address`; `announced`: the checksum its chunks must carry (a
+        relay's, as the trainer's server named it)."""
         identity = f"weights-fetch-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # fresh: no stale replies
         client = Client(self.ctx, address, self.settings, self.security, identity)
         try:
             with long_wait("weights.fetch", unit="chunks", address=address) as wait:
                 client.send(request)
-                return self._chunks(client, address, replica, stall_s, wait)
+                return self._chunks(client, address, replica, stall_s, wait, announced)
         finally:
             client.close()
 
     def _chunks(
-        self, client: Client, address: str, replica: Replica, stall_s: float, wait: Wait
+        self,
+        client: Client,
+        address: str,
+        replica: Replica,
+        stall_s: float,
+        wait: Wait,
+        announced: int | None = None,
     ) -> tuple[int, int, Arrays, int] | WeightsRedirect:
         deadline = time.monotonic() + self.timeout_s
         staging: _Staging | None = None
@@ -274,6 +298,11 @@ class _Link:
             if isinstance(msg, WeightsRedirect) and staging is None:
                 return msg
             if isinstance(msg, WeightsChunk):
+                if announced is not None and msg.checksum != announced:
+                    raise WeightsRefused(
+                        f"weights from {address}: version {msg.version} with checksum "
+                        f"{msg.checksum}, the trainer announced {announced}"
+                    )
                 if staging is None:
                     staging = _Staging(msg.version, msg.count, msg.base, msg.checksum)
                     if self.relay is not None:

@@ -11,23 +11,25 @@ Invariants:
 - When its owner's fetch fails (`abort`), every child being served gets
   Error(code="relay_failed") and fetches directly from the trainer; a relay that dies simply
   stops sending, and its children give up after `weights.relay_stall_s`.
-- CURVE: the ROUTER is secured like every binding socket (`security`).
-- The ROUTER lives in a background thread that creates it; `expect`/`offer`/`abort` are
-  called from the owner's thread and only touch state under a lock.
+- CURVE: the ROUTER is secured like every binding socket (`security`); with the run's
+  secret, `claim` signs its address for the weight server (only holders of the secret
+  relay), and a relay bound beyond loopback needs one or the other.
+- The ROUTER lives in its own thread (`transport.server_thread`); `expect`/`offer`/`abort`
+  are called from the owner's thread and only touch state under a lock.
 """
 
 from __future__ import annotations
 
-import contextvars
 import threading
 import time
 from dataclasses import dataclass, field
 
 import structlog
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols.messages import Error, WeightsChunk, WeightsRequest
-from grpo_stream.transport.errors import TransportError
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.runsecret import relay_claim
+from grpo_stream.transport.server_thread import ServerThread
 from grpo_stream.transport.sockets import Context, SendStatus, Server
 
 log = structlog.get_logger()
@@ -62,26 +64,19 @@ class Relay:
         settings: TransportSettings,
         security: SecuritySettings,
         wait_s: float = 5.0,
+        secret: bytes | None = None,
     ) -> None:
-        self._ctx = ctx
         self._wait_s = wait_s
-        self._settings = settings
-        self._security = security
         self._lock = threading.Lock()
         self._feed: _Feed | None = None
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-        self.address = ""
         self.served = 0  # complete streams relayed (read for stats)
-        self._thread = threading.Thread(
-            target=contextvars.copy_context().run, args=(self._run, bind),
-            name="weight-relay", daemon=True,
+        self._serving = ServerThread(
+            ctx, bind, settings, security, "weights-relay", self._serve,
+            guarded=secret is not None, setting="weights.relay_bind",
         )  # fmt: skip
-        self._thread.start()
-        if not self._ready.wait(timeout=30.0) or self._failure is not None:
-            self._stop.set()
-            raise TransportError(f"weight relay failed to start: {self._failure}")
+        self.address = self._serving.address
+        # signs `address` with the run's secret ("" without one): the weight server's proof
+        self.claim = "" if secret is None else relay_claim(secret, self.address)
 
     def expect(self, version: int, base: int) -> None:
         """The owner starts receiving (version, base): children may ask for it now."""
@@ -102,36 +97,22 @@ class Relay:
             self._feed = None
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10.0)
+        self._serving.close()
 
-    def _run(self, bind: str) -> None:
-        try:
-            server = Server(self._ctx, bind, self._settings, self._security, "weights-relay")
-        except Exception as exc:
-            self._failure = exc
-            self._ready.set()
-            return
-        self.address = server.address
-        self._ready.set()
+    def _serve(self, server: Server, stop: threading.Event) -> None:
         children: dict[bytes, _Child] = {}
         pending: dict[bytes, tuple[WeightsRequest, float]] = {}
-        try:
-            while not self._stop.is_set():
-                got = server.recv(BUSY_POLL_MS if children or pending else IDLE_POLL_MS)
-                if got is not None:
-                    peer, msg = got
-                    pending.pop(peer, None)
-                    if isinstance(msg, WeightsRequest):
-                        pending[peer] = (msg, time.monotonic() + self._wait_s)
-                    else:
-                        server.send(peer, Error(code="unexpected", message=f"{msg.KIND} here"))
-                self._admit(server, children, pending)
-                self._pump(server, children)
-        except Exception:
-            log.exception("weights.relay_failed_serving")
-        finally:
-            server.close()
+        while not stop.is_set():
+            got = server.recv(BUSY_POLL_MS if children or pending else IDLE_POLL_MS)
+            if got is not None:
+                peer, msg = got
+                pending.pop(peer, None)
+                if isinstance(msg, WeightsRequest):
+                    pending[peer] = (msg, time.monotonic() + self._wait_s)
+                else:
+                    server.send(peer, Error(code="unexpected", message=f"{msg.KIND} here"))
+            self._admit(server, children, pending)
+            self._pump(server, children)
 
     def _admit(
         self,

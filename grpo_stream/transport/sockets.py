@@ -17,6 +17,13 @@ Invariants:
   connection of the peer that sent it, so it is neither counted nor answered.
 - With security.curve on, a context must be closed with `close_context` (it stops the
   authenticator thread first; a bare `ctx.term()` would wait for that thread forever).
+- Nothing binds beyond loopback unguarded: a binding socket (hub, weight server, relay,
+  payload store) whose address is not loopback refuses to open unless security.curve is on
+  or its owner holds the run's secret (`guarded`), with one line naming the settings
+  (`grpo_stream.transport.exposure`).
+- A `Client` with a `sealer` sends a seal frame before each message
+  (`grpo_stream.transport.seal`); a `Server` takes a seal frame off what it receives and
+  keeps it in `last_seal` for its owner to check.
 """
 
 from __future__ import annotations
@@ -29,18 +36,21 @@ from typing import Any, ClassVar
 import structlog
 import zmq
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols.codec import Limits, decode, encode
 from grpo_stream.protocols.errors import ProtocolError
 from grpo_stream.protocols.messages import Error, Hello, Message, Welcome
 from grpo_stream.ratelimit import LOG_EVERY_S, RateLimit
 from grpo_stream.transport.curve import secure_client, secure_server, stop_authenticator
+from grpo_stream.transport.errors import ExposedBind
 from grpo_stream.transport.errors import HandshakeRefused as HandshakeRefused
 from grpo_stream.transport.errors import HandshakeTimeout as HandshakeTimeout
 from grpo_stream.transport.errors import SendTimeout as SendTimeout
 from grpo_stream.transport.errors import TransportError as TransportError
+from grpo_stream.transport.exposure import exposure_error
 from grpo_stream.transport.heartbeat import Heartbeats as Heartbeats
 from grpo_stream.transport.heartbeat import HeartbeatSender as HeartbeatSender
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.transport.seal import Seal, Sealer, is_seal, parse
 
 log = structlog.get_logger()
 
@@ -171,9 +181,29 @@ class _Endpoint:
 
 
 class _Bound(_Endpoint):
-    """A socket that binds (CURVE server side); `.address` is the bound one (port 0 resolved)."""
+    """A socket that binds (CURVE server side); `.address` is the bound one (port 0 resolved).
+    `guarded`: its owner holds the run's secret; `setting` names the address's setting in
+    the refusal to bind beyond loopback unguarded."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        address: str,
+        settings: TransportSettings,
+        security: SecuritySettings,
+        name: str,
+        guarded: bool = False,
+        setting: str = "",
+    ) -> None:
+        self._guarded = guarded
+        self._setting = setting or f"{name} bind"
+        super().__init__(ctx, address, settings, security, name)
 
     def _open(self, ctx: Context, security: SecuritySettings) -> None:
+        refused = exposure_error(self.address, security, self._guarded, self._setting)
+        if refused:
+            self.socket.close(linger=0)
+            raise ExposedBind(refused)
         secure_server(ctx, self.socket, security)
         try:
             self.socket.bind(self.address)
@@ -203,7 +233,7 @@ class _Connected(_Endpoint):
 
 class Server(_Bound):
     """ROUTER that binds: answers many identified peers. Server(ctx, bind, settings,
-    security, name)."""
+    security, name, guarded, setting)."""
 
     SOCKET_TYPE = zmq.ROUTER
 
@@ -223,6 +253,8 @@ class Server(_Bound):
         self.last_user_id: str | None = None
         """Under CURVE, the public key (z85) the last received message's sender authenticated
         with (ZAP User-Id); None without CURVE."""
+        self.last_seal: Seal | None = None
+        """The seal the last received message came with (None: none, or a malformed one)."""
 
     def recv(self, timeout_ms: int) -> tuple[bytes, Message] | None:
         """(identity, message), or None on timeout or after rejecting a malformed message."""
@@ -231,7 +263,13 @@ class Server(_Bound):
             return None
         identity = frames[0].bytes
         self.last_user_id = str(frames[-1].get("User-Id")) if self._curve else None
-        msg = self._decode(frames[1:], identity)
+        body = frames[1:]
+        self.last_seal = None
+        if len(body) > 1 and is_seal(body[0].buffer):  # a seal, then the message's frames
+            views = [f.buffer for f in body[1:]]
+            self.last_seal = parse(body[0].buffer, views)
+            body = body[1:]
+        msg = self._decode(body, identity)
         if isinstance(msg, ProtocolError):
             self.send(identity, Error(code=msg.code, message=str(msg), in_reply_to=msg.kind))
             return None
@@ -262,6 +300,8 @@ class Client(_Connected):
     settings, security, identity)."""
 
     SOCKET_TYPE = zmq.DEALER
+    sealer: Sealer | None = None
+    """Seals every message sent (a service's session with a hub that has the run's secret)."""
 
     @property
     def identity(self) -> str:
@@ -273,8 +313,11 @@ class Client(_Connected):
 
     def send(self, msg: Message) -> None:
         """Queue `msg`; raises SendTimeout when no room came within transport.io_timeout_ms."""
+        frames = encode(msg)
+        if self.sealer is not None:
+            frames = [self.sealer.seal(frames), *frames]
         try:
-            self.socket.send_multipart(encode(msg), copy=False)
+            self.socket.send_multipart(frames, copy=False)
         except zmq.Again as exc:
             raise SendTimeout(
                 f"{self.identity}: could not queue {type(msg).__name__} for {self.address} "
@@ -284,7 +327,7 @@ class Client(_Connected):
 
 class Announcer(_Bound):
     """PUB that binds: broadcasts small announcements (a slow subscriber misses some).
-    Announcer(ctx, bind, settings, security, name)."""
+    Announcer(ctx, bind, settings, security, name, guarded, setting)."""
 
     SOCKET_TYPE = zmq.PUB
 

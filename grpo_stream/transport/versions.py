@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from grpo_stream.config.transport import TransportSettings
 from grpo_stream.protocols.codec import encode
 from grpo_stream.protocols.messages import WeightsChunk
 from grpo_stream.transport.delta import RAW, XOR_ZSTD, compose, encode_delta
 from grpo_stream.transport.errors import WeightsError
-from grpo_stream.transport.settings import TransportSettings
 
 Arrays = list[tuple[str, np.ndarray[Any, Any]]]
 

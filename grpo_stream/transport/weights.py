@@ -22,13 +22,17 @@ Invariants:
 - Chunks go out without copies and without blocking: a peer whose queue is at the HWM is
   resumed later from where it stopped. Memory: the current snapshot and the step deltas,
   plus older chunk sets only while some peer is still being streamed one.
+- Only an authenticated generator becomes a relay: with the run's secret, a request whose
+  `relay` claim is not signed with it (`transport.runsecret.relay_claim`), and under CURVE
+  with per-role keys, one from a key that is not a generator's, is served but never made a
+  relay (`weights.relay_refused`, one error event). Every WeightsRedirect names the version's
+  checksum, which the fetcher checks the relay's chunks against.
 - The ROUTER lives in a background thread that creates it; the PUB socket is used only by
   `publish` (serialised by a lock).
 """
 
 from __future__ import annotations
 
-import contextvars
 import threading
 import time
 from collections.abc import Iterable
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import structlog
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.protocols.messages import (
     Error,
     Message,
@@ -47,9 +52,11 @@ from grpo_stream.protocols.messages import (
     WeightsRequest,
 )
 from grpo_stream.ratelimit import RateLimit
+from grpo_stream.transport.curve import key_roles
 from grpo_stream.transport.delta import RAW, version_checksum
 from grpo_stream.transport.errors import TransportError, WeightsError
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
+from grpo_stream.transport.runsecret import relay_claim_valid
+from grpo_stream.transport.server_thread import ServerThread
 from grpo_stream.transport.sockets import (
     Announcer,
     Context,
@@ -146,7 +153,12 @@ class WeightServer:
         settings: TransportSettings,
         security: SecuritySettings,
         weights: WeightsSettings | None = None,
+        secret: bytes | None = None,
     ) -> None:
+        self._secret = secret  # the run's: relay claims are signed with it
+        roles = key_roles(security.keys_dir) if security.curve and security.keys_dir else {}
+        # under CURVE with per-role keys: the generator keys, the only ones that may relay
+        self._relay_keys = {k for k, role in roles.items() if role == "generator"}
         self._ctx = ctx
         self._settings = settings
         self._security = security
@@ -160,33 +172,27 @@ class WeightServer:
         self._current: Snapshot | None = None
         self._buffers = SnapshotBuffers()  # reused host memory of the snapshots
         self._trees: dict[tuple[int, int], _Tree] = {}
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._router_address = ""
-        self._failure: BaseException | None = None
         self._warn = RateLimit()  # what any peer can make repeat is logged rate-limited
         self.served = 0  # complete version streams sent (read for stats)
         self.sent_bytes = 0  # tensor bytes of the streams started (read for stats)
         self.redirects = 0  # fetchers sent to a relay (read for stats)
-        self._announcer = Announcer(ctx, bind_pub, settings, security, "weights-announce")
-        self._thread = threading.Thread(  # keeps the caller's bound log fields
-            target=contextvars.copy_context().run,
-            args=(self._run, bind_router),
-            name="weight-server",
-            daemon=True,
-        )
-        self._thread.start()
-        if not self._ready.wait(timeout=30.0):
-            self._stop.set()
-            self._failure = TimeoutError("the serving thread did not bind within 30 s")
-        if self._failure is not None:
+        self._announcer = Announcer(
+            ctx, bind_pub, settings, security, "weights-announce",
+            guarded=secret is not None, setting="trainer.announce_bind",
+        )  # fmt: skip
+        try:
+            self._serving = ServerThread(
+                ctx, bind_router, settings, security, "weights", self._serve,
+                guarded=secret is not None, setting="trainer.bind",
+            )  # fmt: skip
+        except TransportError:
             self._announcer.close()
-            raise TransportError(f"weight server failed to start: {self._failure}")
+            raise
 
     @property
     def addresses(self) -> dict[str, str]:
         """{"weights": ROUTER endpoint, "announce": PUB endpoint} (ports resolved)."""
-        return {"weights": self._router_address, "announce": self._announcer.address}
+        return {"weights": self._serving.address, "announce": self._announcer.address}
 
     @property
     def version(self) -> int | None:
@@ -206,8 +212,8 @@ class WeightServer:
     def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Snapshot:
         """Snapshot the tensors, serve the version, then announce it; the step delta is
         computed on the server's thread (when idle, or when a fetcher first needs it)."""
-        if not self._thread.is_alive():
-            raise WeightsError(f"weight server thread stopped: {self._failure}")
+        if not self._serving.alive():
+            raise WeightsError(f"weight server thread stopped: {self._serving.failure}")
         t0 = time.perf_counter()
         snapshot = build_snapshot(version, named_tensors, self._settings, self._buffers)
         t_snap = time.perf_counter()
@@ -237,30 +243,12 @@ class WeightServer:
 
     def close(self) -> None:
         """Stop serving (waits for the thread) and close the PUB socket."""
-        self._stop.set()
-        self._thread.join(timeout=10.0)
+        self._serving.close()
         self._announcer.close()
 
-    def _run(self, bind_router: str) -> None:
-        try:
-            server = Server(self._ctx, bind_router, self._settings, self._security, "weights")
-        except Exception as exc:  # reported to __init__, which raises it in the caller
-            self._failure = exc
-            self._ready.set()
-            return
-        self._router_address = server.address
-        self._ready.set()
-        try:
-            self._serve(server)
-        except Exception as exc:
-            self._failure = exc
-            log.exception("weights.server_failed")
-        finally:
-            server.close()
-
-    def _serve(self, server: Server) -> None:
+    def _serve(self, server: Server, stop: threading.Event) -> None:
         streams: dict[bytes, _Stream] = {}
-        while not self._stop.is_set():
+        while not stop.is_set():
             got = server.recv(BUSY_POLL_MS if streams else IDLE_POLL_MS)
             if got is not None:
                 self._handle(server, streams, *got)
@@ -292,7 +280,7 @@ class WeightServer:
                 )  # fmt: skip
         if self._weights.relay and not msg.direct:
             tree = self._trees.setdefault((current.version, base), _Tree(self._weights.fanout))
-            parent = tree.place(msg.relay)
+            parent = tree.place(self._relay_of(server, msg))
             if parent is not None:
                 self.redirects += 1
                 if (count := self._warn.allow("weights.sent_to_relay")) is not None:
@@ -300,13 +288,29 @@ class WeightServer:
                         "weights.sent_to_relay", version=current.version, base=base,
                         relay=parent, count=count,
                     )  # fmt: skip
-                server.send(
-                    peer, WeightsRedirect(version=current.version, base=base, address=parent)
+                redirect = WeightsRedirect(
+                    version=current.version, base=base, address=parent, checksum=current.checksum
                 )
+                server.send(peer, redirect)
                 return
         stream = _Stream(chunks if chunks is not None else current.chunks, current.version)
         self.sent_bytes += sum(int(t.nbytes) for c in stream.chunks for t in c.tensors)
         streams[peer] = stream  # a repeated request restarts that peer's stream
+
+    def _relay_of(self, server: Server, msg: WeightsRequest) -> str | None:
+        """The relay address `msg` offers, if its sender may relay (see the module doc)."""
+        if msg.relay is None:
+            return None
+        why = ""
+        if self._secret is not None and not relay_claim_valid(self._secret, msg.relay, msg.auth):
+            why = "its relay claim is not signed with the run's secret"
+        elif self._relay_keys and server.last_user_id not in self._relay_keys:
+            why = "its CURVE key is not a generator's"
+        if not why:
+            return msg.relay
+        if (count := self._warn.allow("weights.relay_refused")) is not None:
+            log.error("weights.relay_refused", relay=msg.relay, reason=why, count=count)
+        return None
 
     def _pump(self, server: Server, streams: dict[bytes, _Stream]) -> None:
         """Queue as many pending chunks as each peer's HWM allows."""

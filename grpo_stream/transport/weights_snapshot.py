@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo_stream.protocols.arrays import from_torch
+from grpo_stream.protocols.errors import ProtocolError
 from grpo_stream.transport.delta import checksum
 from grpo_stream.transport.errors import WeightsError
 
@@ -51,9 +53,6 @@ def _alias_key(tensor: torch.Tensor) -> tuple[Any, ...]:
 def _wire_dtype(tensor: torch.Tensor) -> np.dtype[Any]:
     """The numpy dtype `tensor` travels as: the one protocols.arrays.from_torch gives it."""
     import torch
-
-    from grpo_stream.protocols.arrays import from_torch
-    from grpo_stream.protocols.errors import ProtocolError
 
     try:
         return from_torch(torch.empty(0, dtype=tensor.dtype)).dtype
@@ -121,7 +120,8 @@ def copy_snapshot(
     total = sum(padded(n) for n in sizes)
     flat = (buffers or SnapshotBuffers(keep=1)).take(max(1, total))
     arrays: Arrays = []
-    sums: list[Future[int]] = []
+    behind: list[Future[int]] = []  # hashed on the helper thread
+    inline: list[int] = []  # hashed here, each right after its copy
     overlap = with_checksums and total >= OVERLAP_BYTES
     # the pool starts its thread at the first submit: none when not overlapping
     with ThreadPoolExecutor(1, thread_name_prefix="weights-checksum") as pool:
@@ -135,8 +135,8 @@ def copy_snapshot(
                 dst.copy_(tensor.detach())
             arrays.append((name, arr))
             if overlap:
-                sums.append(pool.submit(checksum, arr))
-        checksums = tuple(f.result() for f in sums)
-    if with_checksums and not overlap:
-        checksums = tuple(checksum(arr) for _, arr in arrays)
+                behind.append(pool.submit(checksum, arr))
+            elif with_checksums:
+                inline.append(checksum(arr))
+        checksums = tuple(f.result() for f in behind) if overlap else tuple(inline)
     return arrays, aliases, checksums

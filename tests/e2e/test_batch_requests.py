@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols import messages as m
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
 
 GROUPS = 4

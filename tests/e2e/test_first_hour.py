@@ -33,7 +33,7 @@ def _up(
 
 
 def _status(run_dir: Path) -> str:
-    cmd = [sys.executable, "-m", "grpo_stream.cli.main", "status", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "grpo_stream.cli.main", "status", str(run_dir)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
 
 

@@ -75,8 +75,9 @@ def test_dispatch_follows_speed_and_refit_predicts_it(tmp_path: Path) -> None:
     dispatched = stopped["dispatched_to"]
     rates = stopped["tokens_per_s"]
     assert isinstance(dispatched, dict) and isinstance(rates, dict)
-    speed_ratio = rates["generator-fast"] / rates["generator-slow"]
-    share_ratio = dispatched["generator-fast"] / dispatched["generator-slow"]
+    fast, slow = "generator-fast", "generator-slow"
+    speed_ratio = rates[fast] / rates[slow]
+    share_ratio = dispatched[fast] / dispatched[slow]
     assert speed_ratio > 1.5  # the throttle really slowed one down
     fits = [e for e in _hub_event(run_dir, "hpm.refit") if e["used"]]
     assert fits, "the score model was never refit"
@@ -89,7 +90,8 @@ def test_dispatch_follows_speed_and_refit_predicts_it(tmp_path: Path) -> None:
     # differed by up to 39% (1.96 against 2.73), and the shares (2.24-2.32) fell between
     # them but up to 19% from the first. Dispatch follows speed if its ratio lies within
     # 15% of the range the two span (equal shares, 1.0, fail it)
-    seen = sorted([speed_ratio, measured["generator-fast"] / measured["generator-slow"]])
+    measured_ratio = measured[fast] / measured[slow]
+    seen = sorted([speed_ratio, measured_ratio])
     assert 0.85 * seen[0] <= share_ratio <= 1.15 * seen[1], (share_ratio, seen)
     # both fingerprints are the same CPU, the slow one's scaled by 1/3: the score's features
     # put the predictions' ratio at 3 unless the latency term takes up the difference, while
@@ -99,8 +101,6 @@ def test_dispatch_follows_speed_and_refit_predicts_it(tmp_path: Path) -> None:
     # fast one's measurement, q = measured ratio / r_p, leaving errors |a - 1| and |a q - 1|
     # (the closed form of tests/unit/hardware/test_score.py's misfit test); a fit in
     # absolute tokens/s would load the whole misfit on the slow device and fail this.
-    fast, slow = "generator-fast", "generator-slow"
-    measured_ratio = measured[fast] / measured[slow]
     q = measured_ratio / (predicted[fast] / predicted[slow])
     a = (1 + q) / (1 + q * q)
     best = max(abs(a - 1), abs(a * q - 1))

@@ -24,7 +24,8 @@ from types import ModuleType
 import pytest
 
 from grpo_stream.config import load_config
-from grpo_stream.launch.cluster import LaunchHost, place
+from grpo_stream.config.cluster import ClusterHost
+from grpo_stream.launch.cluster import place
 from grpo_stream.launch.placed import trainer_node_argv
 from grpo_stream.launch.placement import Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec, Supervisor
@@ -50,7 +51,7 @@ def _delete(owned_by: Callable[[int], bool]) -> None:
 
 
 @pytest.fixture(scope="module")
-def hosts() -> Iterator[list[LaunchHost]]:
+def hosts() -> Iterator[list[ClusterHost]]:
     """Two namespaces joined by a veth pair, as two trainer hosts of a cluster."""
     _delete(lambda pid: not Path(f"/proc/{pid}").exists())
     tag = str(os.getpid())
@@ -71,7 +72,7 @@ def hosts() -> Iterator[list[LaunchHost]]:
             _ip("-n", ns, "addr", "add", f"192.168.113.{i}/24", "dev", link)
             _ip("-n", ns, "link", "set", link, "up")
             out.append(
-                LaunchHost(
+                ClusterHost(
                     name=f"t{i}",
                     address=f"192.168.113.{i}",
                     launcher="prefix",
@@ -93,7 +94,7 @@ def _ddp_module() -> ModuleType:
     return module
 
 
-def _run_nodes(hosts: list[LaunchHost], out: Path) -> None:
+def _run_nodes(hosts: list[ClusterHost], out: Path) -> None:
     cfg = load_config(None, [])
     placement = Placement("none", (Slot("t1"), Slot("t2")), ())
     master = (hosts[0].address, cfg.trainer.rendezvous_port)
@@ -117,7 +118,7 @@ def _run_nodes(hosts: list[LaunchHost], out: Path) -> None:
 
 
 def test_two_trainer_hosts_end_a_step_with_the_parameters_of_one_process(
-    hosts: list[LaunchHost], tmp_path: Path
+    hosts: list[ClusterHost], tmp_path: Path
 ) -> None:
     import torch
     from safetensors.torch import load_file

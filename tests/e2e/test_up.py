@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpo_stream.training.metrics import REQUIRED, read_metrics
+from grpo_stream.training.samples import read_samples
 
 from .conftest import SMALL, up_command
 
@@ -18,7 +19,7 @@ STEPS = 4
 
 def run_up(run_dir: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """`up` with small steps at the default heartbeat deadlines, a checkpoint every 2 steps."""
-    settings = [*SMALL, "--set", "trainer.checkpoint_every=2"]
+    settings = [*SMALL, "--set", "trainer.checkpoint_every=2", "--set", "run.log_completions=2"]
     cmd = up_command(run_dir, STEPS, *extra, settings=settings)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
@@ -70,6 +71,20 @@ def test_run_directory_contract(finished_run: Path) -> None:
         "generator-generator-0.jsonl",
         "scorer-scorer-0.jsonl",
     } <= logs
+
+
+def test_sample_completions_are_logged_every_n_steps(finished_run: Path) -> None:
+    samples = read_samples(finished_run)
+    assert {s["step"] for s in samples} == {2, 4}
+    for step in (2, 4):
+        rows = [s for s in samples if s["step"] == step]
+        prompts = sorted({s["prompt"] for s in rows})
+        assert 1 <= len(prompts) <= 2  # run.log_completions_prompts
+        for prompt in prompts:
+            group = [s for s in rows if s["prompt"] == prompt]
+            # arith's reward is exact match; GRPO's advantages of a group are centred
+            assert all(s["reward"] in (0.0, 1.0) and s["tokens"] >= 1 for s in group)
+            assert abs(sum(s["advantage"] for s in group)) < 1e-3
 
 
 def test_up_refuses_an_existing_run_without_resume(finished_run: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_stream.envs.verifiers_task import ADAPTER_ENV
+from grpo_stream.config.envs import ADAPTER_ENV
 from grpo_stream.training.metrics import read_metrics
 
 from .conftest import SMALL, up_command

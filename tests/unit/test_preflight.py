@@ -14,6 +14,7 @@ from huggingface_hub import constants
 from grpo_stream.config import load_config
 from grpo_stream.preflight import (
     PreflightError,
+    check_agent,
     check_config_file,
     check_run_dir,
     find_model,
@@ -37,6 +38,34 @@ def test_default_run_passes_every_check_and_creates_nothing(tmp_path):
         "run dir",
     ]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("agent", "why"),
+    [
+        ("no_such_module_xyz:agent", "does not load: No module named 'no_such_module_xyz'"),
+        ("grpo_stream.agents.calc:nope", "does not load"),
+        ("grpo_stream.agents.calc:run_tool", "is not an async function"),
+    ],
+)
+def test_an_agent_that_does_not_load_is_one_line_naming_env_agent(tmp_path, agent, why):
+    with pytest.raises(PreflightError) as err:
+        check_agent(_cfg(tmp_path, f'env.agent="{agent}"'))
+    assert str(err.value).startswith(f"env.agent = {agent!r}") and why in str(err.value)
+
+
+def test_the_shipped_agent_passes(tmp_path):
+    line = check_agent(_cfg(tmp_path, 'env.agent="grpo_stream.agents.calc:calc_agent"'))
+    assert line == "agent: grpo_stream.agents.calc:calc_agent (client openai)"
+
+
+def test_an_agent_without_its_libraries_says_what_to_install(tmp_path, monkeypatch):
+    from grpo_stream import preflight as module
+
+    real = module.util.find_spec
+    monkeypatch.setattr(module.util, "find_spec", lambda n: None if n == "openai" else real(n))
+    with pytest.raises(PreflightError, match=r"env\.agent needs openai: pip install"):
+        check_agent(_cfg(tmp_path, 'env.agent="grpo_stream.agents.calc:calc_agent"'))
 
 
 def test_countdown_prompts_do_not_fit_the_tiny_models_context(tmp_path):
@@ -175,3 +204,22 @@ def test_a_model_on_other_hosts_is_not_required_for_a_lone_hub(tmp_path, monkeyp
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     lines = preflight(_cfg(tmp_path, 'model.name_or_path="someorg/elsewhere"'), local_model=False)
     assert lines[0] == "model: someorg/elsewhere (not here)"
+
+
+def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(TINY, other)
+    data = json.loads((other / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["<extra>"] = len(vocab)
+    (other / "tokenizer.json").write_text(json.dumps(data))
+    cfg = _cfg(tmp_path, f'algo.distill.teacher="{other}"')
+    with pytest.raises(PreflightError, match=r"does not share the vocabulary .* 1 entries differ"):
+        preflight(cfg)
+
+
+def test_a_missing_teacher_is_named_and_a_shipped_one_passes(tmp_path):
+    with pytest.raises(PreflightError, match=r"algo\.distill\.teacher: /no/such/teacher"):
+        preflight(_cfg(tmp_path, 'algo.distill.teacher="/no/such/teacher"'))
+    lines = preflight(_cfg(tmp_path, 'algo.distill.teacher="grpo-stream/tiny-calc"'))
+    assert any(line.startswith("teacher: grpo-stream/tiny-calc") for line in lines)

@@ -39,6 +39,8 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     for asset in SHIPPED_MODELS.values():  # every shipped model's weights and build info
         assert f"grpo_stream/assets/{asset}/model.safetensors" in names
         assert f"grpo_stream/assets/{asset}/build_info.json" in names
+    for page in ("index.html", "dashboard.js", "dashboard.css"):  # the dashboard's page
+        assert f"grpo_stream/dashboard/static/{page}" in names
     assert not any(n.startswith(("services/", "protocols/")) for n in names)
 
     env_dir = tmp_path / "venv"

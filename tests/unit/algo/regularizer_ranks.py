@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_stream.algo.regularizer import GradRegularizer
-from grpo_stream.algo.settings import RegularizerSettings
+from grpo_stream.config.algo import RegularizerSettings
 
 FULL_GRADIENT = [float(i) for i in range(1, 11)]
 SETTINGS = {"tau0": 5.0, "lam": 1.0}

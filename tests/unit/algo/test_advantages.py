@@ -17,7 +17,7 @@ from grpo_stream.algo.advantages import (
     group_advantages,
     stream_batch_std,
 )
-from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.config.algo import AdvantageSettings
 
 NAN = math.nan
 STD_1234 = math.sqrt(5 / 3)  # sample std of [1, 2, 3, 4]

@@ -10,7 +10,7 @@ import torch
 
 from grpo_stream.algo.logprobs import token_logprobs
 from grpo_stream.algo.loss import grpo_loss, loss_totals
-from grpo_stream.algo.settings import LossSettings
+from grpo_stream.config.algo import LossSettings
 
 
 def model_batch(b: int = 6, t: int = 10, vocab: int = 16) -> dict[str, torch.Tensor]:

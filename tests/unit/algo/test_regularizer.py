@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo_stream.algo.regularizer import GradRegularizer, prox_norm
-from grpo_stream.algo.settings import RegularizerSettings
+from grpo_stream.config.algo import RegularizerSettings
 
 
 def param_with_grad(values: list[float]) -> torch.nn.Parameter:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from grpo_stream.algo.returns import discounted_returns, per_turn_advantages, token_advantages
-from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.config.algo import AdvantageSettings
 
 NO_SCALE = AdvantageSettings(scale="none")
 

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from grpo_stream.algo.regularizer import GradRegularizer
 from grpo_stream.algo.rollback import RollbackGuard, TooManyRollbacks
-from grpo_stream.algo.settings import RegularizerSettings, RollbackSettings
+from grpo_stream.config.algo import RegularizerSettings, RollbackSettings
 
 IDS = torch.tensor([[1, 2, 3, 4, 5, 6]])
 

@@ -69,7 +69,8 @@ def test_a_short_run_delivers_batches_through_the_real_hub(
     monkeypatch.chdir(REPO)  # the simulated peers run as `python -m bench.hub_sim`
     out = tmp_path / "hub_load.json"
     argv = ["--generators", "16", "--seconds", "4", "--warmup", "2", "--offered", "100",
-            "--tokens", "128", "--groups-per-step", "16", "--out", str(out)]  # fmt: skip
+            "--tokens", "128", "--groups-per-step", "16", "--auth", "on",
+            "--out", str(out)]  # fmt: skip
     assert hub_load.main(argv) == 0, sys.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [r["payloads"] for r in rows] == ["hub", "direct"]
@@ -81,3 +82,23 @@ def test_a_short_run_delivers_batches_through_the_real_hub(
         assert hub["dispatched"] == done + hub["in_progress"]  # the ledger balances
         assert hub["rejected"] == {}
     assert out.with_suffix(".png").exists()
+
+
+def test_smoke_measures_the_fleet_with_and_without_authentication(
+    hub_load: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(REPO)  # the simulated peers run as `python -m bench.hub_sim`
+    out = tmp_path / "smoke.json"
+    assert hub_load.main(["--smoke", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["auth"], r["payloads"], r["generators"]) for r in rows] == [
+        ("on", "hub", 8),
+        ("off", "hub", 8),
+    ]
+    for row in rows:  # sealed or not, the hub took every message and trained
+        assert row["groups_per_s"] > 0 and row["messages_per_s"] > 0
+        assert row["errors_seen_by_peers"] == {} and row["hub"]["rejected"] == {}
+    assert "auth on/off  payloads=hub generators=8: messages/s" in capsys.readouterr().out

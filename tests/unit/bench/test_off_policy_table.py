@@ -61,7 +61,7 @@ def test_summary_writes_per_seed_gains_paired_differences_and_the_last_line(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(table, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr("bench.common.RESULTS_DIR", tmp_path)
     finals = {(0, "tis"): [0.4, 0.5], (4, "behaviour"): [0.35, 0.45], (4, "tis"): [0.37, 0.46]}
     runs = [
         {"staleness": s, "mode": m, "reuse": 1, "seed": k, "final_reward": f}

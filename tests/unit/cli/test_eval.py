@@ -11,10 +11,10 @@ import torch
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.evaluation import Sample, Tally, pass_at_k, score_group
 from grpo_stream.rewards import load_reward
 from grpo_stream.tasks import Problem
-from grpo_stream.tasks.settings import RewardSpec
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
@@ -36,3 +37,24 @@ def test_the_hub_refuses_handshake_timeout_in_one_line() -> None:
     result = runner.invoke(app, ["run", "grouper", "--handshake-timeout", "5"])
     assert result.exit_code != 0
     assert "--handshake-timeout is for services that join a hub" in result.output
+
+
+def test_a_hub_bound_beyond_loopback_without_a_secret_is_one_line(tmp_path: Path) -> None:
+    args = ["run", "grouper", "--set", f'run.run_dir="{tmp_path}"',
+            "--set", 'hub.bind="tcp://0.0.0.0:0"']  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert len(line.splitlines()) == 1, result.output
+    assert "hub.bind=tcp://0.0.0.0:0 is reachable from other hosts" in line
+    assert "security.secret_file" in line and "security.curve" in line
+    assert not (tmp_path / "hub.addr").exists()  # nothing started
+
+
+def test_a_short_secret_in_the_environment_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GRPO_STREAM_SECRET", "too-short")
+    result = runner.invoke(app, ["run", "scorer", "--hub", "tcp://127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: GRPO_STREAM_SECRET: 9 bytes, at least 32 needed"

@@ -32,7 +32,7 @@ def _finished_run(run_dir, steps: int = 3):
 def test_a_finished_run_shows_its_final_state(tmp_path):
     _finished_run(tmp_path)
     write_outcome(tmp_path, "completed", 3)
-    result = CliRunner().invoke(app, ["status", "--run-dir", str(tmp_path)])
+    result = CliRunner().invoke(app, ["status", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "completed" in result.output and "after 3 steps" in result.output
     assert "reward_mean=0.75" in result.output
@@ -42,17 +42,17 @@ def test_a_finished_run_shows_its_final_state(tmp_path):
 
 def test_a_run_whose_up_was_killed_is_called_dead_with_how_to_resume(tmp_path):
     _finished_run(tmp_path)
-    result = CliRunner().invoke(app, ["status", "--run-dir", str(tmp_path), "--json"])
+    result = CliRunner().invoke(app, ["status", str(tmp_path), "--json"])
     state = json.loads(result.output)
     assert state["ended"] == "dead" and state["steps"] == 3
-    text = CliRunner().invoke(app, ["status", "--run-dir", str(tmp_path)]).output
+    text = CliRunner().invoke(app, ["status", str(tmp_path)]).output
     assert f"grpo-stream up --resume --run-dir {tmp_path}" in text
 
 
 def test_a_failed_run_says_why(tmp_path):
     _finished_run(tmp_path)
     write_outcome(tmp_path, "failed", 3, "grouper-0 exited with code 4: stalled")
-    result = CliRunner().invoke(app, ["status", "--run-dir", str(tmp_path)])
+    result = CliRunner().invoke(app, ["status", str(tmp_path)])
     assert "why: grouper-0 exited with code 4: stalled" in result.output
 
 
@@ -67,7 +67,7 @@ def test_a_live_run_is_asked_through_its_hub(tmp_path):
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        result = CliRunner().invoke(app, ["status", "--run-dir", str(tmp_path)])
+        result = CliRunner().invoke(app, ["status", str(tmp_path)])
         assert result.exit_code == 2
         assert "hub.addr does not exist" in result.output  # it went for the hub
     finally:

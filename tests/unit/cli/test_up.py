@@ -22,8 +22,21 @@ def _up(tmp_path, *args: str):
         (["--config", "."], "is a directory"),
         (["--config", "no-such.toml"], "does not exist"),
         (["--set", "trainer.lr=-1"], "trainer.lr"),
+        (["--launcher", "k8s"], "--launcher k8s: choose one of local, ray"),
+        (["--address", "10.0.0.1:6379"], "it needs --launcher ray"),
+        (["--launcher", "ray", "--cluster", "c.toml"], "drop --cluster"),
     ],
-    ids=["prompts-too-long", "model-path", "data-file", "config-dir", "config-missing", "value"],
+    ids=[
+        "prompts-too-long",
+        "model-path",
+        "data-file",
+        "config-dir",
+        "config-missing",
+        "value",
+        "launcher",
+        "address",
+        "ray-and-cluster",
+    ],
 )
 def test_a_bad_input_exits_2_with_one_line_and_no_run_dir(tmp_path, args, says):
     result = _up(tmp_path, *args)

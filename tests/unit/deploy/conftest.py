@@ -18,6 +18,8 @@ from grpo_stream.cli.main import app
 from grpo_stream.cli.run import SERVICES
 from grpo_stream.config import ConfigError, RunConfig, load_config
 
+from .slurm_harness import SlurmRun, run_jobs
+
 try:  # typer >= 0.20 ships its own click, whose errors derive from TyperException
     from typer import TyperException as UsageError
 except ImportError:  # older typer runs on click itself
@@ -79,7 +81,6 @@ class Cli:
         p = cmd.params
         if cmd.service == "grouper":
             assert p["hub"] is None, f"{argv}: the grouper ignores --hub"
-            assert p["keys_dir"] is None, f"{argv}: the grouper ignores --keys-dir"
         else:
             assert p["hub"], f"{argv}: {cmd.service} needs --hub"
             assert p["config"] is None, f"{argv}: only the grouper reads --config"
@@ -115,3 +116,14 @@ def cli() -> Cli:
 @pytest.fixture(scope="session")
 def deploy_dir() -> Path:
     return DEPLOY
+
+
+@pytest.fixture(scope="session")
+def sbatch(deploy_dir: Path) -> Path:
+    return deploy_dir / "slurm" / "grpo-stream.sbatch"
+
+
+@pytest.fixture(scope="session")
+def jobs(sbatch: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, SlurmRun]:
+    """Every scenario of the Slurm tests, run once for both of their files."""
+    return run_jobs(sbatch, tmp_path_factory.mktemp("slurm"))

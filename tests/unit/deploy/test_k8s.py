@@ -8,6 +8,7 @@ here; where kubectl is installed, `kubectl kustomize` must render the same thing
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
 import shutil
@@ -68,10 +69,31 @@ def json_patch_add(doc: dict[str, Any], path: str, value: Any) -> None:
         node[last] = value
 
 
+def generated_secrets(kustomization: Path) -> Objects:
+    """The Secrets a kustomization's secretGenerator makes (files read relative to it; the
+    name suffix kustomize adds is left out, as are the references it rewrites)."""
+    spec = yaml.safe_load(kustomization.read_text())
+    out: Objects = {}
+    for gen in spec.get("secretGenerator", []):
+        data = {}
+        for entry in gen["files"]:
+            key, _, path = entry.partition("=")
+            data[key] = base64.b64encode((kustomization.parent / path).read_bytes()).decode()
+        meta = {"name": gen["name"]}
+        out[("Secret", gen["name"])] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": meta,
+            "data": data,
+        }
+    return out
+
+
 def apply_overlay(base: Objects, kustomization: Path) -> Objects:
     spec = yaml.safe_load(kustomization.read_text())
     assert spec["resources"] == ["../base"]
-    out = copy.deepcopy(base)
+    out = copy.deepcopy(base) | generated_secrets(kustomization)
     for patch in spec["patches"]:
         target = patch["target"]
         hits = [
@@ -112,7 +134,7 @@ def test_every_manifest_is_a_named_kubernetes_object(objects: Objects) -> None:
         assert doc["apiVersion"] and kind and name.startswith("grpo-stream")
     kinds = sorted(kind for kind, _ in objects)
     assert kinds == sorted(
-        ["ConfigMap", "PersistentVolumeClaim", *["Deployment"] * 4, "Service", "Service"]
+        ["ConfigMap", *["PersistentVolumeClaim"] * 2, *["Deployment"] * 4, "Service", "Service"]
     )
 
 
@@ -178,21 +200,49 @@ def test_only_trainer_and_generators_request_gpus(objects: Objects) -> None:
     assert gpus == {"hub": 0, "trainer": 1, "generator": 1, "scorer": 0}
 
 
-def test_hub_and_trainer_mount_the_run_directory_from_the_claim(
+def test_hub_and_trainer_keep_the_run_directory_each_on_its_own_claim(
     objects: Objects, hub_cfg: Any
 ) -> None:
-    claim = objects[("PersistentVolumeClaim", "grpo-stream-run")]
-    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-    for component in ("hub", "trainer"):
+    """No volume is shared between pods: hub state on one claim, checkpoints on another."""
+    claimed = {}
+    for component in COMPONENTS:
         volumes = deployment(objects, component)["spec"]["template"]["spec"]["volumes"]
         by_name = {v["name"]: v for v in volumes}
-        mounts = [
-            m["mountPath"]
-            for m in container(objects, component)["volumeMounts"]
-            if by_name[m["name"]].get("persistentVolumeClaim", {}).get("claimName")
-            == "grpo-stream-run"
-        ]
-        assert len(mounts) == 1 and hub_cfg.run.run_dir.is_relative_to(mounts[0]), component
+        for m in container(objects, component).get("volumeMounts", []):
+            claim = by_name[m["name"]].get("persistentVolumeClaim", {}).get("claimName")
+            if claim:
+                assert claim not in claimed, f"{claim} is mounted by {claimed.get(claim)} too"
+                claimed[claim] = component
+                assert hub_cfg.run.run_dir.is_relative_to(m["mountPath"]), component
+                spec = objects[("PersistentVolumeClaim", claim)]["spec"]
+                assert spec["accessModes"] == ["ReadWriteOnce"]
+    assert claimed == {"grpo-stream-hub": "hub", "grpo-stream-trainer": "trainer"}
+
+
+def test_every_pod_can_write_the_run_directory_the_hub_hands_out(
+    objects: Objects, hub_cfg: Any
+) -> None:
+    """Every service logs under the hub's run.run_dir; the image has no such directory and
+    its user cannot make one at /, so each pod mounts a writable volume above it."""
+    for component in COMPONENTS:
+        mounts = container(objects, component).get("volumeMounts", [])
+        writable = [m["mountPath"] for m in mounts if not m.get("readOnly")]
+        assert any(hub_cfg.run.run_dir.is_relative_to(w) for w in writable), component
+
+
+def test_every_service_gets_the_run_secret_from_the_secret_in_its_environment(
+    objects: Objects, k8s_dir: Path
+) -> None:
+    from grpo_stream.transport.runsecret import SECRET_ENV
+
+    spec = yaml.safe_load((k8s_dir / "base" / "kustomization.yaml").read_text())
+    (gen,) = spec["secretGenerator"]
+    assert gen["files"] == ["secret=run.secret"]
+    for component in COMPONENTS:
+        env = {e["name"]: e for e in container(objects, component)["env"]}
+        ref = env[SECRET_ENV]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (gen["name"], "secret"), component
+        assert "--secret-file" not in argv_of(container(objects, component))
 
 
 def test_hub_reads_its_config_from_the_configmap(objects: Objects, cli: Any) -> None:
@@ -217,46 +267,110 @@ def test_trainer_gets_the_longest_grace_period_for_its_final_checkpoint(
     assert max(grace, key=lambda c: grace[c]) == "trainer"
 
 
-def test_curve_overlay_turns_encryption_on_with_keys_from_the_secret(
-    objects: Objects, k8s_dir: Path, run_toml: Path, cli: Any
+@pytest.fixture(scope="module")
+def keyed_k8s(k8s_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/k8s with the files its generators read: `keys init` keys and a secret."""
+    from grpo_stream.transport.curve import init_keys
+
+    root = tmp_path_factory.mktemp("k8s-keys") / "k8s"
+    shutil.copytree(k8s_dir, root)
+    init_keys(root / "curve" / "keys")
+    (root / "base" / "run.secret").write_text("ab" * 32 + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def curved(objects: Objects, keyed_k8s: Path) -> Objects:
+    return apply_overlay(objects, keyed_k8s / "curve" / "kustomization.yaml")
+
+
+def mounted_keys(curved: Objects, component: str, root: Path) -> Path:
+    """The /keys directory `component`'s pod sees: its Secret's items at their paths."""
+    volumes = deployment(curved, component)["spec"]["template"]["spec"]["volumes"]
+    (keys,) = [v for v in volumes if v["name"] == "keys"]
+    data = curved[("Secret", keys["secret"]["secretName"])]["data"]
+    out = root / component
+    for item in keys["secret"]["items"]:
+        (out / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (out / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
+    return out
+
+
+def test_curve_overlay_gives_each_role_only_its_own_keys(
+    curved: Objects, run_toml: Path, cli: Any, tmp_path: Path
 ) -> None:
-    curved = apply_overlay(objects, k8s_dir / "curve" / "kustomization.yaml")
-    hub = cli.parse_run(argv_of(container(curved, "hub")))
-    security = cli.hub_config(hub, run_toml).security
-    assert security.curve and security.keys_dir == Path("/keys")
+    from grpo_stream.launch.shipping import role_key_files
+
     for component in COMPONENTS:
-        if component != "hub":
-            cmd = cli.parse_run(argv_of(container(curved, component)))
-            assert cmd.params["keys_dir"] == Path("/keys"), component
-        volumes = deployment(curved, component)["spec"]["template"]["spec"]["volumes"]
-        (keys,) = [v for v in volumes if v["name"] == "keys"]
-        files = {item["path"] for item in keys["secret"]["items"]}
-        # what grpo_stream.transport.curve reads: the server pair, the client pair, the allow-list
-        assert files == {
-            "server.key",
-            "server.key_secret",
-            "client.key",
-            "client.key_secret",
-            "authorized/client.key",
-        }
+        cmd = cli.parse_run(argv_of(container(curved, component)))
+        assert cmd.params["keys_dir"] == Path("/keys"), component
         mounts = {m["name"]: m["mountPath"] for m in container(curved, component)["volumeMounts"]}
         assert mounts["keys"] == "/keys", component
+        keys = mounted_keys(curved, component, tmp_path)
+        secrets = {p.name for p in keys.glob("*.key_secret")}
+        wanted = {f for f in role_key_files(SERVICE_OF[component], False) if "secret" in f}
+        assert secrets == wanted, component
+
+
+def test_curve_overlay_keys_work_with_the_transport(curved: Objects, tmp_path: Path) -> None:
+    """The hub's mounted allow-list maps each role's mounted key to that role; each client
+    loads its pair and the server's public key from its own mount."""
+    from grpo_stream.transport.curve import key_roles, load_pair, server_public_key
+
+    hub = mounted_keys(curved, "hub", tmp_path)
+    roles = key_roles(hub)
+    load_pair(hub, "server")
+    for component in ("trainer", "generator", "scorer"):
+        keys = mounted_keys(curved, component, tmp_path)
+        public, _ = load_pair(keys, SERVICE_OF[component])
+        assert roles[public.decode()] == SERVICE_OF[component], component
+        assert server_public_key(keys) == server_public_key(hub)
+
+
+def test_manifests_are_valid_kubernetes_objects(
+    objects: Objects, curved: Objects, keyed_k8s: Path
+) -> None:
+    """Every object of the base, the CURVE overlay and the ranks overlay against the
+    Kubernetes 1.30 schemas (kubernetes-validate ships them: offline), unknown fields refused."""
+    import kubernetes_validate
+
+    from .test_k8s_ranks import overlay as ranks_overlay
+
+    base = objects | generated_secrets(keyed_k8s / "base" / "kustomization.yaml")
+    checked = 0
+    for rendered in (base, curved, ranks_overlay(keyed_k8s)):
+        for (kind, name), doc in rendered.items():
+            try:
+                kubernetes_validate.validate(doc, "1.30.0", strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{kind}/{name}: {exc.message} at {list(exc.path)}")
+            checked += 1
+    assert checked >= 3 * 9
+
+
+def test_the_validator_refuses_a_broken_manifest(objects: Objects) -> None:
+    import kubernetes_validate
+
+    broken = copy.deepcopy(deployment(objects, "hub"))
+    broken["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, "1.30.0", strict=True)
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize)")
 def test_kubectl_kustomize_renders_the_overlay_as_patched_here(
-    objects: Objects, k8s_dir: Path
+    objects: Objects, keyed_k8s: Path, curved: Objects
 ) -> None:
     rendered = subprocess.run(
-        ["kubectl", "kustomize", str(k8s_dir / "curve")],
+        ["kubectl", "kustomize", str(keyed_k8s / "curve")],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     ).stdout
     by_key = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered)}
-    assert set(by_key) == set(objects)
-    ours = apply_overlay(objects, k8s_dir / "curve" / "kustomization.yaml")
+    assert {k for k in by_key if k[0] != "Secret"} == set(objects)
+    ours = curved
     for component in COMPONENTS:
         theirs = container(by_key, component)
         assert theirs["args"] == container(ours, component)["args"]

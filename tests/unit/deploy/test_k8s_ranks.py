@@ -27,7 +27,7 @@ def _load(directory: Path) -> Objects:
     return out
 
 
-def _overlay(k8s: Path) -> Objects:
+def overlay(k8s: Path) -> Objects:
     """Base + ranks: its resources added, its delete patch and its `add` ops applied."""
     spec = yaml.safe_load((k8s / "ranks" / "kustomization.yaml").read_text())
     out = copy.deepcopy(_load(k8s / "base"))
@@ -53,7 +53,7 @@ def _container(objects: Objects, kind: str, name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def objects(deploy_dir: Path) -> Objects:
-    return _overlay(deploy_dir / "k8s")
+    return overlay(deploy_dir / "k8s")
 
 
 @pytest.fixture(scope="module")
@@ -128,14 +128,16 @@ def test_the_hub_sends_generators_to_rank_zero_and_counts_every_rank(
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize)")
 def test_kubectl_kustomize_renders_the_overlay_as_applied_here(
-    objects: Objects, deploy_dir: Path
+    objects: Objects, deploy_dir: Path, tmp_path: Path
 ) -> None:
+    shutil.copytree(deploy_dir / "k8s", tmp_path / "k8s")
+    (tmp_path / "k8s" / "base" / "run.secret").write_text("ab" * 32 + "\n")  # its generator's
     rendered = subprocess.run(
-        ["kubectl", "kustomize", str(deploy_dir / "k8s" / "ranks")],
+        ["kubectl", "kustomize", str(tmp_path / "k8s" / "ranks")],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     by_key = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered)}
-    assert set(by_key) == set(objects)
+    assert {k for k in by_key if k[0] != "Secret"} == set(objects)
     hub = ("Deployment", "grpo-stream-hub")
     assert _container(by_key, *hub)["args"] == _container(objects, *hub)["args"]
     sts = ("StatefulSet", "grpo-stream-trainer")

@@ -9,168 +9,16 @@ sequence are the ones a cluster would see; the command lines are then parsed by 
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-STUBS = Path(__file__).parent / "slurm_stubs"
-
-
-@dataclass
-class SlurmRun:
-    rc: int
-    records: list[dict[str, Any]]
-    stderr: str
-
-    def starts(self, service: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r["event"] == "start" and r["service"] == service]
-
-    def events(self, event: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r["event"] == event]
-
-
-def _stubs(root: Path) -> Path:
-    """The stand-ins as executables in root/bin (the Python ones run by this interpreter)."""
-    bin_dir = root / "bin"
-    bin_dir.mkdir()
-    stubs = (
-        ("srun", "srun.py", f"#!{sys.executable} -S"),
-        ("torchrun", "torchrun.py", f"#!{sys.executable} -S"),
-        ("grpo-stream", "grpo_stream.py", f"#!{sys.executable} -S"),
-        ("scontrol", "scontrol.sh", "#!/bin/bash"),
-    )
-    for name, source, shebang in stubs:
-        (bin_dir / name).write_text(f"{shebang}\n{(STUBS / source).read_text()}")
-        (bin_dir / name).chmod(0o755)
-    return bin_dir
-
-
-@dataclass
-class Job:
-    """One scenario: the script as sbatch would run it on `nodes` (`expect` services start)."""
-
-    nodes: list[str]
-    expect: int
-    env: dict[str, str]
-    sigterm_when_started: bool = False
-
-
-JOBS = {
-    # node1 + two generator nodes with 2 generators each, 2 scorers; the trainer exits 7.
-    "three": Job(
-        ["node1", "node2", "node3"],
-        8,
-        {
-            "GENERATORS_PER_NODE": "2",
-            "SCORERS": "2",
-            "HUB_PORT": "6000",
-            "TRAINER_PORT": "6001",
-            "STUB_EXITS": "trainer=7@0",
-        },
-    ),
-    # trainer ranks on two nodes x 2 GPUs (torchrun multi-node), generators on the third.
-    "ranks": Job(
-        ["node1", "node2", "node3"],
-        6,
-        {
-            "TRAINER_NODES": "2",
-            "TRAINER_GPUS": "2",
-            "GENERATORS_PER_NODE": "2",
-            "STUB_EXITS": "trainer=0@0",
-        },
-    ),
-    # one node with CURVE keys; the trainer completes.
-    "one": Job(
-        ["solo"],
-        6,
-        {
-            "GENERATORS_PER_NODE": "3",
-            "SCORERS": "1",
-            "KEYS_DIR": "keys",
-            "STUB_EXITS": "trainer=0@0",
-        },
-    ),
-    # the hub dies and the trainer goes on running.
-    "hub_exit": Job(
-        ["node1", "node2"],
-        4,
-        {"GENERATORS_PER_NODE": "1", "STUB_EXITS": "grouper=1@0", "LOST_GRACE_S": "0"},
-    ),
-    # the end of a run: the trainer tells the hub it is done, the hub stops first.
-    "done": Job(
-        ["node1", "node2"],
-        4,
-        {"GENERATORS_PER_NODE": "1", "STUB_EXITS": "grouper=0@0,trainer=0@0.3"},
-    ),
-    # the script is told to stop (scancel --batch --signal=TERM, or --signal=B:TERM@...).
-    "sigterm": Job(["node1", "node2"], 4, {"GENERATORS_PER_NODE": "1", "SCORERS": "1"}, True),
-}
-
-
-def _start(script: Path, root: Path, job: Job) -> tuple[subprocess.Popen[str], Path]:
-    root.mkdir(parents=True)
-    (root / "run.toml").write_text("[run]\nmax_steps = 3\n")
-    (root / "keys").mkdir()
-    record = root / "record.jsonl"
-    record.touch()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env = {
-        **base,
-        "PATH": f"{_stubs(root)}:{base['PATH']}",
-        "SLURM_JOB_ID": "42",
-        "SLURM_JOB_NODELIST": ",".join(job.nodes),
-        "CONFIG": "run.toml",
-        "RUN_DIR": "run",
-        "POLL_S": "0.05",
-        "STOP_TIMEOUT_S": "10",
-        "LOST_GRACE_S": "10",
-        "SCORERS": "1",
-        "STUB_RECORD": str(record),
-        "STUB_EXPECT": str(job.expect),
-        **job.env,
-    }
-    proc = subprocess.Popen(
-        ["bash", str(script)], cwd=root, env=env, stderr=subprocess.PIPE, text=True
-    )
-    return proc, record
-
-
-def _finish(proc: subprocess.Popen[str], record: Path, job: Job) -> SlurmRun:
-    if job.sigterm_when_started:
-        deadline = time.monotonic() + 10
-        while len(record.read_text().splitlines()) < job.expect and time.monotonic() < deadline:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-    try:
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    records = [json.loads(line) for line in record.read_text().splitlines()]
-    return SlurmRun(proc.returncode, records, stderr)
-
-
-@pytest.fixture(scope="module")
-def sbatch(deploy_dir: Path) -> Path:
-    return deploy_dir / "slurm" / "grpo-stream.sbatch"
-
-
-@pytest.fixture(scope="module")
-def jobs(sbatch: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, SlurmRun]:
-    """Every scenario in JOBS, run side by side (each is mostly waiting)."""
-    root = tmp_path_factory.mktemp("slurm")
-    started = {name: _start(sbatch, root / name, job) for name, job in JOBS.items()}
-    return {name: _finish(*started[name], JOBS[name]) for name in JOBS}
+from .slurm_harness import SlurmRun, stubs
 
 
 def test_sbatch_passes_bash_syntax_check(sbatch: Path) -> None:
@@ -233,12 +81,24 @@ def test_one_node_runs_generators_beside_the_trainer_from_gpu_one(
     assert [r["cuda"] for r in jobs["one"].starts("trainer")] == ["0"]
 
 
-def test_keys_dir_turns_curve_on_for_every_service(jobs: dict[str, SlurmRun], cli: Any) -> None:
-    (hub,) = jobs["one"].starts("grouper")
-    security = cli.hub_config(cli.parse_run(hub["argv"])).security
-    assert security.curve and security.keys_dir is not None
-    clients = [cli.parse_run(r["argv"]) for r in jobs["one"].events("start") if r is not hub]
-    assert {c.params["keys_dir"] for c in clients} == {security.keys_dir}
+def test_config_text_and_scorer_node(jobs: dict[str, SlurmRun], cli: Any) -> None:
+    run = jobs["scorer_node"]
+    (hub,) = run.starts("grouper")
+    config = Path(cli.parse_run(hub["argv"]).params["config"])
+    assert config.read_text() == "[run]\nmax_steps = 5\n"
+    assert [r["node"] for r in run.starts("scorer")] == ["node3"]
+    assert [r["node"] for r in run.starts("generator")] == ["node2"]
+    assert [r["node"] for r in run.starts("trainer")] == ["node1"]
+
+
+def test_no_config_fails_with_one_line(sbatch: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CONFIG"))}
+    env["RUN_DIR"] = str(tmp_path / "run")
+    result = subprocess.run(["bash", str(sbatch)], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=30)  # fmt: skip
+    assert result.returncode == 2
+    wanted = 'set CONFIG_TOML to the run config\'s text (CONFIG_TOML="$(cat run.toml)")'
+    assert result.stderr.strip().splitlines() == [f"grpo-stream.sbatch: {wanted}"]
 
 
 def test_hub_exit_stops_the_trainer_and_fails_the_job(jobs: dict[str, SlurmRun]) -> None:
@@ -277,7 +137,7 @@ def test_script_runs_the_real_services_to_a_finished_run(sbatch: Path, tmp_path:
     """The script with the real `grpo-stream` (tiny model, CPU): trains and stops cleanly."""
     from grpo_stream.training.metrics import read_metrics
 
-    bin_dir = _stubs(tmp_path)
+    bin_dir = stubs(tmp_path)
     (bin_dir / "grpo-stream").unlink()  # the real one, from this interpreter's environment
     (tmp_path / "run.toml").write_text(
         "[run]\nmax_steps = 2\n[hub]\ngroups_per_step = 4\n"

@@ -26,6 +26,8 @@ UNITS = {
 }
 ENV_FILES = ("env.example", "env.curve.example")
 INSTANCE, HOST = "3", "gpu-host-7"
+CREDENTIALS = "/run/credentials/unit.service"
+"""What systemd's %d (the unit's credentials directory) stands for here."""
 
 
 class _Repeated(dict[str, Any]):
@@ -62,9 +64,11 @@ def read_env_file(path: Path) -> dict[str, str]:
     return env
 
 
-def exec_argv(unit: configparser.ConfigParser, env: dict[str, str]) -> list[str]:
+def exec_argv(
+    unit: configparser.ConfigParser, env: dict[str, str], credentials: str = CREDENTIALS
+) -> list[str]:
     line = unit["Service"]["ExecStart"].replace("\\\n", " ")
-    line = line.replace("%i", INSTANCE).replace("%H", HOST)
+    line = line.replace("%i", INSTANCE).replace("%H", HOST).replace("%d", credentials)
     assert "%" not in line, f"unexpected specifier in {line!r}"
     argv: list[str] = []
     for word in shlex.split(line):
@@ -150,15 +154,21 @@ def test_hub_config_binds_the_port_in_the_address_clients_dial(
     assert cli.port_of(cfg.trainer.bind) == int(env["GRPO_TRAINER_PORT"])
 
 
-def test_curve_environment_turns_encryption_on_for_every_service(
+def test_curve_environment_gives_every_service_the_hosts_keys_directory(
     units: dict[str, configparser.ConfigParser], systemd_dir: Path, cli: Any
 ) -> None:
     env = read_env_file(systemd_dir / "env.curve.example")
-    security = cli.hub_config(cli.parse_run(exec_argv(units["grouper"], env))).security
-    assert security.curve
-    for service in ("trainer", "generator", "scorer"):
-        keys_dir = cli.parse_run(exec_argv(units[service], env)).params["keys_dir"]
-        assert keys_dir == security.keys_dir, service
+    dirs = {cli.parse_run(exec_argv(units[s], env)).params["keys_dir"] for s in UNITS}
+    assert dirs == {Path("/etc/grpo-stream/keys")}
+
+
+def test_every_unit_loads_the_run_secret_as_a_credential_and_passes_it(
+    units: dict[str, configparser.ConfigParser], env: dict[str, str], cli: Any
+) -> None:
+    for service, unit in units.items():
+        assert unit["Service"]["LoadCredential"] == "secret:/etc/grpo-stream/secret", service
+        params = cli.parse_run(exec_argv(unit, env)).params
+        assert params["secret_file"] == Path(CREDENTIALS) / "secret", service
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")

@@ -11,10 +11,11 @@ import pytest
 import torch
 import zmq
 
+from grpo_stream.config.lora import LoraSettings
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines.hf import HFEngine
-from grpo_stream.models.adapter import AdapterError, LoraSettings, base_fingerprint
+from grpo_stream.models.adapter import AdapterError, base_fingerprint
 from grpo_stream.training.lora import wrap_policy
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.weights import WeightServer
 
 IDS = torch.tensor([[3, 9, 14, 20, 7, 5]])
@@ -149,7 +150,7 @@ def vllm_lora(tiny_dir: Path) -> Iterator[Any]:
     on_gpu = torch.cuda.is_available()
     engine = VLLMEngine.from_settings(
         ModelSettings(name_or_path=str(tiny_dir), dtype="auto" if on_gpu else "float32"),
-        GeneratorSettings(gpu_memory_utilization=0.2 if on_gpu else 0.1),
+        GeneratorSettings(gpu_memory_utilization=0.2 if on_gpu else 0.05),
         TransportSettings(),
         SecuritySettings(),
         max_model_len=64,
@@ -189,9 +190,49 @@ def test_vllm_serves_each_adapter_version_as_a_new_request(
         assert vllm_lora.update_from_server(weight_server.addresses["weights"], -1) == version
         groups = vllm_lora.generate(PROMPTS, group_size=2, max_tokens=6, temperature=1.0, seed=0)
         assert _max_logprob_error(groups, trainer_model) < VLLM_TOLERANCE
-        ids.append(vllm_lora._lora.request.lora_int_id)
+        assert {run for g in groups for c in g.completions for run in c.version_runs} == {
+            (0, version)
+        }
+        ids.append(vllm_lora.updater.adapter.request.lora_int_id)
     assert ids[0] != ids[1]
-    assert set(vllm_lora.llm.llm_engine.list_loras()) == {ids[1]}  # the previous one evicted
+    assert vllm_lora.adapters() == {ids[1]}  # the previous one removed
+
+
+@pytest.mark.gpu
+def test_vllm_requests_keep_the_adapter_they_started_with_across_a_swap(
+    vllm_lora: Any, tiny_dir: Path, weight_server: WeightServer
+) -> None:
+    """A swap needs no pause: requests submitted before it finish on their adapter (and say
+    so), later ones run on the new one, and the old adapter goes once nobody uses it."""
+    import time
+
+    from grpo_stream.models.loading import load_policy
+
+    base = load_policy(str(tiny_dir), dtype="float32", trainable=False)
+    models = {}
+    address = weight_server.addresses["weights"]
+    first = vllm_lora.version + 1
+    for version, seed in ((first, 8), (first + 1, 9)):
+        models[version], published = trained_adapter(base, seed=seed, name=str(tiny_dir))
+        weight_server.publish(version, published)
+        if version == first:
+            assert vllm_lora.update_from_server(address, -1) == first
+            ids = vllm_lora.encode(PROMPTS)
+            for i, row in enumerate(ids):  # long requests on the first adapter
+                vllm_lora.submit(("old", i), row, 4, 40, temperature=1.0, seed=i)
+    old_id = vllm_lora.updater.adapter.request.lora_int_id
+    assert vllm_lora.update_from_server(address, -1) == first + 1  # while they run
+    for i, row in enumerate(ids):
+        vllm_lora.submit(("new", i), row, 4, 40, temperature=1.0, seed=i)
+    got: dict[Any, Any] = {}
+    deadline = time.monotonic() + 120
+    while len(got) < 2 * len(PROMPTS) and time.monotonic() < deadline:
+        got.update({key: group for key, group, _ in vllm_lora.take_finished(timeout_s=0.5)})
+    for (tag, _), group in got.items():
+        version = first if tag == "old" else first + 1
+        assert {r for c in group.completions for r in c.version_runs} == {(0, version)}
+        assert _max_logprob_error([group], models[version]) < VLLM_TOLERANCE
+    assert old_id not in vllm_lora.adapters()  # removed once its requests ended
 
 
 @pytest.mark.gpu

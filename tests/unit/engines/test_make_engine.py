@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpo_stream.config import GeneratorSettings, ModelSettings
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines import EngineUnavailableError, make_engine
-from grpo_stream.engines.base import vllm_available
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.engines.factory import vllm_available
 
 
 def settings() -> tuple[ModelSettings, GeneratorSettings, TransportSettings, SecuritySettings]:
@@ -33,7 +33,7 @@ def test_make_engine_rejects_an_unknown_engine_name() -> None:
 def test_importing_engines_imports_neither_torch_nor_vllm() -> None:
     code = (
         "import sys, grpo_stream.engines, grpo_stream.engines.vllm, "
-        "grpo_stream.engines.vllm_worker;"
+        "grpo_stream.engines.vllm_plugin, grpo_stream.services.generator;"
         "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

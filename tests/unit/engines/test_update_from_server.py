@@ -9,8 +9,8 @@ import pytest
 import torch
 import zmq
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines.hf import HFEngine
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.weights import WeightServer
 
 PROMPTS = ["1+2=", "12+34="]

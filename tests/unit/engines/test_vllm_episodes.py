@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from grpo_stream.config import GeneratorSettings, ModelSettings
+from grpo_stream.config.envs import EnvSettings
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines.base import Completion
 from grpo_stream.envs.episodes import Episode
-from grpo_stream.envs.settings import EnvSettings
 from grpo_stream.protocols import messages as m
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,7 @@ def vllm_engine() -> Iterator[Any]:
     engine = VLLMEngine.from_settings(
         ModelSettings(name_or_path=MODEL, dtype="auto" if on_gpu else "float32"),
         GeneratorSettings(
-            engine="vllm", gpu_memory_utilization=0.2 if on_gpu else 0.1, vllm_block_size=BLOCK
+            engine="vllm", gpu_memory_utilization=0.2 if on_gpu else 0.05, vllm_block_size=BLOCK
         ),
         TransportSettings(),
         SecuritySettings(),
@@ -77,7 +77,7 @@ def played(vllm_engine: Any) -> tuple[Recorder, list[Episode]]:
     mp.syspath_prepend(str(HERE))  # the environment workers import vllm_envs
     settings = EnvSettings(name="vllm_envs:ThreeTurns", max_turns=3, max_episode_tokens=64)
     recorder = Recorder(vllm_engine)
-    vllm_engine.llm.reset_prefix_cache()  # nothing cached from earlier tests
+    vllm_engine.reset_prefix_cache()  # nothing cached from earlier tests
     batch = m.PromptBatch(
         lease_id=1, group_ids=np.array([0], np.int64), prompts=[PROMPT], references=[{}],
         group_size=GROUP, min_version=0,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.sandbox import EnvPool
-from grpo_stream.envs.settings import EnvSettings
 
 HERE = Path(__file__).parent
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.engines.turn_cache import TurnCache
 from grpo_stream.envs.episodes import Episode, EpisodeRun, Stateless, open_session, run_episodes
 from grpo_stream.envs.sandbox import EnvPool
-from grpo_stream.envs.settings import EnvSettings
 from grpo_stream.envs.turns import TurnFormat
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.sandbox import EnvPool, EnvPoolError
-from grpo_stream.envs.settings import EnvSettings
 
 BAD = {"bad": True}
 GOOD = {"bad": False}

@@ -17,8 +17,8 @@ def test_an_episode_run_on_vllm_is_a_valid_config() -> None:
     assert cfg.env.enabled and cfg.generator.engine == "vllm"
 
 
-def test_an_episode_run_on_vllm_still_refuses_inflight_updates() -> None:
-    with pytest.raises(ConfigError, match=r"inflight_updates needs generator\.engine = 'hf'"):
+def test_an_episode_run_on_vllm_refuses_inflight_updates() -> None:
+    with pytest.raises(ConfigError, match=r"inflight_updates with generator\.engine = 'vllm'"):
         load_config(
             None,
             [*task_preset("guess"), 'generator.engine="vllm"', "generator.inflight_updates=true"],
@@ -48,3 +48,24 @@ def test_the_guess_preset_is_a_valid_config_and_unknown_tasks_are_named() -> Non
     assert cfg.env.name == "guess" and cfg.task.name == "guess"
     with pytest.raises(ValueError, match="--task 'chess'"):
         task_preset("chess")
+
+
+def test_an_agent_run_is_an_episode_run_without_an_environment() -> None:
+    cfg = load_config(None, task_preset("calc-tools"))
+    assert cfg.env.enabled and cfg.env.name == "none"
+    assert cfg.env.agent == "grpo_stream.agents.calc:calc_agent"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (['env.agent="no_colon"'], r"env\.agent 'no_colon': expected package\.module:function"),
+        (['env.agent="a:b"', 'env.name="calc"'], r"env\.agent and env\.name = 'calc' exclude"),
+        (['env.agent="a:b"', 'env.agent_client="requests"'], r"env\.agent_client"),
+        (["env.agent_timeout_s=0"], r"env\.agent_timeout_s"),
+        (["env.alarm_failed_share=1.5"], r"env\.alarm_failed_share"),
+    ],
+)
+def test_bad_agent_settings_are_refused_naming_them(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.config.algo import AdvantageSettings
+from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import Episode, EpisodeRun, run_episodes
 from grpo_stream.envs.service import episode_rollout
-from grpo_stream.envs.settings import EnvSettings
 from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.hub.batches import assemble, build_batch
 from grpo_stream.hub.episodes import scored_by_env
@@ -37,8 +37,8 @@ def three_turn_group(engine, make_pool, group: int = 4) -> list[Episode]:
 
 def rollout_of(episodes: list[Episode]) -> m.Rollout:
     head = m.Rollout(
-        lease_id=1, group_id=9, instance="g", policy_version=0, prompt="guess 1-16:",
-        reference={}, prompt_ids=np.zeros(0, np.int32), completion_ids=np.zeros(0, np.int32),
+        lease_id=1, group_id=9, instance="g", policy_version=0,
+        prompt_ids=np.zeros(0, np.int32), completion_ids=np.zeros(0, np.int32),
         completion_offsets=np.zeros(1, np.int64), logprobs=np.zeros(0, np.float32), texts=[],
         truncated=[], gen_seconds=0.0,
         sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=3),

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from grpo_stream.config import RunConfig
-from grpo_stream.envs.verifiers_task import ADAPTER_ENV, VerifiersLoadError, VerifiersTask
+from grpo_stream.config.envs import ADAPTER_ENV
+from grpo_stream.envs.verifiers_task import VerifiersLoadError, VerifiersTask
 from grpo_stream.tasks import TaskSettings, make_task
 
 
@@ -31,7 +32,7 @@ def test_a_bounded_taskset_wraps_around() -> None:
 @pytest.mark.parametrize(
     ("spec", "cause"),
     [
-        ("no_such_module_xyz:load", "does not load: No module named 'no_such_module_xyz'"),
+        ("no_such_module_xyz:load", "does not load: cannot import no_such_module_xyz: No module"),
         ("vf_guess:nope", "does not load"),
         ("vf_guess:load_broken", "the factory raised OSError: no such dataset"),
         ("vf_guess:feedback", "the factory raised TypeError"),

@@ -15,8 +15,8 @@ from grpo_stream.tasks import held_out
 @pytest.fixture(scope="module")
 def engine() -> object:
     from grpo_stream.config import ModelSettings
+    from grpo_stream.config.transport import SecuritySettings, TransportSettings
     from grpo_stream.engines.hf import HFEngine
-    from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 
     return HFEngine.from_settings(ModelSettings(), TransportSettings(), SecuritySettings(), "cpu")
 
@@ -54,7 +54,7 @@ def test_a_pass_writes_one_row_with_the_eval_keys(tmp_path: Path, engine: object
 def test_greedy_top_p_decodes_the_argmax_whatever_the_seed(engine: object) -> None:
     import torch
 
-    from grpo_stream.evaluator.online import GREEDY_TOP_P
+    from grpo_stream.evaluation import GREEDY_TOP_P
 
     prompts = ["3+4=", "12+9=", "7+7="]
     runs = [

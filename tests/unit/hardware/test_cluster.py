@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_stream.hardware.cluster import ClusterError, load_cluster, parse_params
+from grpo_stream.config.cluster import ClusterError, parse_params
+from grpo_stream.hardware.cluster import load_cluster
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "cluster.toml"
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from grpo_stream.config.hardware import HardwareSettings
 from grpo_stream.hardware.plan import PlanError, plan_roles
 from grpo_stream.hardware.recorded import load_recorded
-from grpo_stream.hardware.settings import HardwareSettings
 
 
 def _cluster(*names: str):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
+from grpo_stream.config.hardware import HardwareSettings
 from grpo_stream.hardware.recorded import load_recorded
 from grpo_stream.hardware.score import (
     Features,
@@ -17,7 +18,6 @@ from grpo_stream.hardware.score import (
     expected_throughput,
     work_shares,
 )
-from grpo_stream.hardware.settings import HardwareSettings
 
 NAMES = ["h100-sxm", "a100-40gb-sxm", "rtx-4090", "l4", "t4"]
 

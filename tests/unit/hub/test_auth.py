@@ -16,10 +16,14 @@ from grpo_stream.transport.sockets import close_context
 SECRET = b"s" * 32
 
 
-def hello(service: str = "trainer", endpoints: dict[str, str] | None = None) -> m.Hello:
+def ends(weights: str) -> m.Endpoints:
+    return m.Endpoints(weights=weights, announce="tcp://h:9")
+
+
+def hello(service: str = "trainer", endpoints: m.Endpoints | None = None) -> m.Hello:
     return m.Hello(
         service=service, instance=f"{service}-0", host="h", pid=7, capacity=1, rank=0,
-        endpoints=endpoints or {},
+        endpoints=endpoints,
     )  # fmt: skip
 
 
@@ -40,9 +44,9 @@ def test_a_signed_hello_altered_to_claim_another_role_or_endpoints_is_refused() 
     role = sign(hello("generator"), SECRET)
     role.service = "trainer"
     assert auth.check(role) is not None
-    ends = sign(hello(endpoints={"weights": "tcp://h:1"}), SECRET)
-    ends.endpoints = {"weights": "tcp://127.0.0.1:9"}
-    assert auth.check(ends) is not None
+    moved = sign(hello(endpoints=ends("tcp://h:1")), SECRET)
+    moved.endpoints = ends("tcp://127.0.0.1:9")
+    assert auth.check(moved) is not None
 
 
 def test_a_replayed_hello_is_refused() -> None:
@@ -95,14 +99,14 @@ def hub(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def test_a_stranger_hello_as_trainer_changes_nothing_at_a_hub_with_a_secret(hub) -> None:  # type: ignore[no-untyped-def]
     grouper, _ = hub
-    grouper._handle(b"trainer-0", hello(endpoints={"weights": "tcp://127.0.0.1:1"}))
+    grouper._handle(b"trainer-0", hello(endpoints=ends("tcp://127.0.0.1:1")))
     assert grouper.registry.peers == {}
-    assert grouper.sessions.peers_info == {}
+    assert grouper.sessions.trainer_endpoints is None
     assert grouper.server.rejected["bad_hello"] == 1
 
 
 def test_a_hello_signed_with_the_runs_secret_joins(hub) -> None:  # type: ignore[no-untyped-def]
     grouper, secret = hub
-    grouper._handle(b"trainer-0", sign(hello(endpoints={"weights": "tcp://h:2"}), secret))
+    grouper._handle(b"trainer-0", sign(hello(endpoints=ends("tcp://h:2")), secret))
     assert list(grouper.registry.peers) == ["trainer-0"]
-    assert grouper.sessions.peers_info == {"weights": "tcp://h:2"}
+    assert grouper.sessions.trainer_endpoints == ends("tcp://h:2")

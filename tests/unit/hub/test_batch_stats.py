@@ -51,6 +51,7 @@ def test_step_stats_take_staleness_from_the_ledger() -> None:
     old.policy_version, new.policy_version = 2, 5  # 3 and 0 versions behind, 2 sequences each
     stats = step_stats([old, new], [], ledger, [], buffer_size=0, peers_lost=0)
     assert stats.staleness_mean == 1.5
+    assert stats.staleness_counts == [2, 0, 0, 2]  # sequences 0, 1, 2, 3 versions behind
 
 
 def test_step_stats_carry_the_ledger_counters_and_each_generators_rate() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_stream.algo.settings import AdvantageSettings
 from grpo_stream.config import HubSettings, TaskSettings
+from grpo_stream.config.algo import AdvantageSettings
 from grpo_stream.hub.batches import assemble, offline_stats
 from grpo_stream.hub.direct import DirectPayloads
 from grpo_stream.hub.ledger import Ledger
@@ -18,7 +18,8 @@ from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.protocols import messages as m
-from grpo_stream.protocols.payloads import PayloadLost, ScoreRef, TrainBatchRef, payload_digest
+from grpo_stream.protocols.digest import payload_digest
+from grpo_stream.protocols.payloads import PayloadLost, ScoreRef, TrainBatchRef
 from grpo_stream.tasks import make_task
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -7,15 +7,18 @@ import math
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from grpo_stream.config import load_config
 from grpo_stream.hub.batches import build_batch
+from grpo_stream.hub.dispatch import sampling_params
 from grpo_stream.hub.registry import Peer
 from grpo_stream.protocols import messages as m
 from grpo_stream.services.grouper import Grouper
 from grpo_stream.transport.sockets import close_context
 
 G = 2
+SAMPLING = sampling_params(load_config(None, []).generator)
 
 
 def make_hub(tmp_path, *sets: str) -> Grouper:
@@ -41,15 +44,16 @@ def generator(hub: Grouper) -> Peer:
 
 
 def episode_rollout(gid: int, lease: int, rewards: list[float]) -> m.Rollout:
-    """Two episodes: [a0 a1 | e e | a2] (2 turns) and [b0 | e | b1] (2 turns)."""
+    """Two episodes: [a0 a1 | e e | a2] (2 turns) and [b0 | e | b1] (2 turns), sampled as
+    the hub leases (the run's generator settings)."""
     return m.Rollout(
         lease_id=lease, group_id=gid, instance="generator-0", policy_version=0,
-        prompt="guess 1-16:", reference={}, prompt_ids=np.array([1, 5, 6], np.int32),
+        prompt_ids=np.array([1, 5, 6], np.int32),
         completion_ids=np.array([10, 11, 20, 21, 12, 30, 22, 31], np.int32),
         completion_offsets=np.array([0, 5, 8], np.int64),
         logprobs=np.array([-0.1, -0.2, 0, 0, -0.3, -0.4, 0, -0.5], np.float32),
         texts=["a", "b"], truncated=[False, False], gen_seconds=0.1,
-        sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=3),
+        sampling=SAMPLING,
         loss_mask=np.array([1, 1, 0, 0, 1, 1, 0, 1], np.uint8),
         episode_rewards=np.array(rewards, np.float32),
         turn_rewards=np.array([0.1, 1.0, 0.1, 0.0], np.float32),
@@ -66,7 +70,7 @@ def lease_one(hub: Grouper) -> tuple[int, int]:
 def test_an_episode_group_is_buffered_without_a_scorer(hub) -> None:
     peer = generator(hub)
     lease, gid = lease_one(hub)
-    hub._on_rollout(peer, episode_rollout(gid, lease, [1.1, 0.1]))
+    hub.intake.on_rollout(peer, episode_rollout(gid, lease, [1.1, 0.1]))
     assert not hub.ledger.to_score and gid not in hub.rollouts
     (group,) = hub.buffer.groups()
     assert group.rewards.tolist() == pytest.approx([1.1, 0.1])
@@ -77,8 +81,8 @@ def test_an_episode_group_is_buffered_without_a_scorer(hub) -> None:
 def test_an_episode_group_whose_episodes_all_failed_ends_once_as_failed(hub) -> None:
     peer = generator(hub)
     lease, gid = lease_one(hub)
-    hub._on_rollout(peer, episode_rollout(gid, lease, [math.nan, math.nan]))
-    hub._on_rollout(peer, episode_rollout(gid, lease, [math.nan, math.nan]))  # a duplicate
+    hub.intake.on_rollout(peer, episode_rollout(gid, lease, [math.nan, math.nan]))
+    hub.intake.on_rollout(peer, episode_rollout(gid, lease, [math.nan, math.nan]))  # a duplicate
     summary = hub.ledger.summary()
     assert summary["failed"] == 1 and summary["in_progress"] == 0
     assert summary["duplicates_dropped"] == 1
@@ -90,7 +94,7 @@ def test_per_turn_returns_give_each_turn_its_own_token_advantages(tmp_path) -> N
     try:
         peer = generator(hub)
         lease, gid = lease_one(hub)
-        hub._on_rollout(peer, episode_rollout(gid, lease, [1.1, 0.1]))
+        hub.intake.on_rollout(peer, episode_rollout(gid, lease, [1.1, 0.1]))
         (group,) = hub.buffer.groups()
     finally:
         hub.server.close()
@@ -108,6 +112,45 @@ def test_an_episode_rollout_whose_turns_do_not_fit_is_refused(hub) -> None:
     lease, gid = lease_one(hub)
     bad = episode_rollout(gid, lease, [1.0, 0.0])
     bad.loss_mask = bad.loss_mask[:3]
-    hub._on_rollout(peer, bad)
+    hub.intake.on_rollout(peer, bad)
     assert hub.server.rejected["bad_rollout"] == 1
     assert hub.ledger.summary()["in_progress"] == 1  # still awaiting a valid rollout
+
+
+def play_groups(hub: Grouper, rewards: list[list[float]]) -> None:
+    peer = generator(hub)
+    for group in rewards:
+        lease, gid = lease_one(hub)
+        rollout = episode_rollout(gid, lease, group)
+        rollout.errors = [f"episode[{i}]: agent raised" for i, r in enumerate(group) if r != r]
+        hub.intake.on_rollout(peer, rollout)
+
+
+def test_failed_episodes_past_the_share_raise_one_alarm_per_crossing(tmp_path) -> None:
+    hub = make_hub(tmp_path, "env.alarm_window=4", "env.alarm_failed_share=0.5",
+                   "hub.groups_per_step=8", "hub.replay.capacity=64")  # fmt: skip
+    try:
+        with capture_logs() as logs:
+            play_groups(hub, [[1.0, 0.0], [math.nan, 1.0], [math.nan, 0.0]])  # 2 of 4 failed
+            play_groups(hub, [[math.nan, math.nan]])  # 3 of 4: still the same alarm
+            play_groups(hub, [[1.0, 0.0], [1.0, 0.0]])  # 0 of 4: re-armed
+            play_groups(hub, [[math.nan, math.nan]])  # 2 of 4: fires again
+        alarms = [e for e in logs if e["event"] == "env.failure_alarm"]
+        assert [e["log_level"] for e in alarms] == ["error", "error"]
+        assert alarms[0]["alarm"].startswith("2 of the last 4 episodes failed")
+        assert "last error: episode[0]: agent raised" in alarms[0]["alarm"]
+        assert not hub._stop  # it reports; env.alarm_abort stops
+        hub.ledger.check_invariant()
+    finally:
+        hub.server.close()
+        close_context(hub.ctx)
+
+
+def test_the_alarm_stops_the_run_when_env_alarm_abort_says_so(tmp_path) -> None:
+    hub = make_hub(tmp_path, "env.alarm_window=2", "env.alarm_abort=true")
+    try:
+        play_groups(hub, [[math.nan, 0.0]])
+        assert hub._stop and "env.alarm_abort" in hub._shutdown_reason
+    finally:
+        hub.server.close()
+        close_context(hub.ctx)

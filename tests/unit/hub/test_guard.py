@@ -9,29 +9,30 @@ from pathlib import Path
 
 import numpy as np
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.hub import guard
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.protocols import messages as m
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, Server, close_context, make_context
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_serving import GPS, Desk, request
 
 
-def hello(instance: str, endpoints: dict[str, str]) -> m.Hello:
+def hello(instance: str, weights: str) -> m.Hello:
     return m.Hello(
         service="trainer", instance=instance, host="h", pid=1, capacity=1, rank=0,
-        endpoints=endpoints,
+        endpoints=m.Endpoints(weights=weights, announce="tcp://h:9"),
     )  # fmt: skip
 
 
 def test_a_second_rank0_trainer_cannot_rewrite_the_weight_endpoints() -> None:
     registry = Registry(10.0)
     registry.register(Peer("trainer", "trainer-0", b"trainer-0", "h", 1, 0, {}), 0.0)
-    stranger = hello("trainer-evil", {"weights": "tcp://127.0.0.1:1"})
+    stranger = hello("trainer-evil", "tcp://127.0.0.1:1")
     assert guard.check_hello(stranger, registry) is not None
-    assert guard.check_hello(hello("trainer-0", {"weights": "tcp://h:2"}), registry) is None
+    assert guard.check_hello(hello("trainer-0", "tcp://h:2"), registry) is None
+    assert "not a tcp://" in str(guard.check_hello(hello("trainer-0", "http://h:2"), registry))
 
 
 def test_a_batch_request_beyond_what_the_trainer_can_have_asked_is_refused() -> None:
@@ -40,13 +41,13 @@ def test_a_batch_request_beyond_what_the_trainer_can_have_asked_is_refused() -> 
     d.desk.add(b"r0", request(0))
     d.desk.serve()
     huge = m.BatchRequest(step=10**6, trainer_version=10**6)
-    assert guard.check_batch_request(huge, d.desk) is not None
-    assert guard.check_batch_request(request(1), d.desk) is None
+    assert d.desk.refusal(huge, ranks=1) is not None
+    assert d.desk.refusal(request(1), ranks=1) is None
 
 
 def test_a_scored_with_the_wrong_number_of_rewards_is_refused() -> None:
     rollout = m.Rollout(
-        lease_id=1, group_id=0, instance="g", policy_version=0, prompt="p", reference={},
+        lease_id=1, group_id=0, instance="g", policy_version=0,
         prompt_ids=np.zeros(1, np.int32), completion_ids=np.zeros(8, np.int32),
         completion_offsets=np.arange(9, dtype=np.int64), logprobs=np.zeros(8, np.float32),
         texts=["x"] * 8, truncated=[False] * 8, gen_seconds=0.1,
@@ -82,8 +83,8 @@ def test_a_second_connection_with_a_live_identity_does_not_take_it_over() -> Non
 def spanning_rollout(starts: list[int], versions: list[int], policy_version: int) -> m.Rollout:
     """A group of 2 completions of 4 tokens, with in-flight version runs."""
     return m.Rollout(
-        lease_id=1, group_id=0, instance="g", policy_version=policy_version, prompt="p",
-        reference={}, prompt_ids=np.zeros(1, np.int32), completion_ids=np.zeros(8, np.int32),
+        lease_id=1, group_id=0, instance="g", policy_version=policy_version,
+        prompt_ids=np.zeros(1, np.int32), completion_ids=np.zeros(8, np.int32),
         completion_offsets=np.array([0, 4, 8], np.int64), logprobs=np.zeros(8, np.float32),
         texts=["x"] * 2, truncated=[False] * 2, gen_seconds=0.1,
         sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4),

@@ -22,6 +22,7 @@ def batch(step: int) -> m.TrainBatch:
         advantages=np.array([1.0], np.float32),
         rewards=np.array([1.0], np.float32),
         versions=np.array([0], np.int32),
+        group_offsets=np.array([0, 1], np.int64),
         totals=m.BatchTotals(num_seqs=1, num_tokens=2),
         sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
         stats=step_stats_example(),

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from grpo_stream.config import load_config
+from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.protocols import messages as m
 from grpo_stream.services.grouper import Grouper
 from grpo_stream.transport.curve import init_keys
-from grpo_stream.transport.settings import SecuritySettings
 from grpo_stream.transport.sockets import Client, close_context
 
 
@@ -36,7 +36,7 @@ def _hello_with_key(hub: Grouper, key: str, service: str) -> m.Message | None:
     client = Client(hub.ctx, hub.server.address, hub.cfg.transport, security, f"{service}-0")
     try:
         client.send(m.Hello(service=service, instance=f"{service}-0", host="h", pid=1,
-                            capacity=1, endpoints={}))  # fmt: skip
+                            capacity=1))  # fmt: skip
         got = hub.server.recv(10_000)
         assert got is not None, "the hub received nothing"
         hub._handle(*got)

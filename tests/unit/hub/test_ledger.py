@@ -171,12 +171,38 @@ def test_held_by_counts_what_each_generator_is_generating_through_its_leases() -
     assert taken is not None
     a, _ = taken
     ledger.take_for_generation("gen-b", 2, now=5.0)
-    assert ledger.held_by() == {"gen-a": 3, "gen-b": 2}
+    assert ledger.leases.held_by() == {"gen-a": 3, "gen-b": 2}
     ledger.accept_rollout(min(a.group_ids))  # one of gen-a's came back
-    assert ledger.held_by() == {"gen-a": 2, "gen-b": 2}
+    assert ledger.leases.held_by() == {"gen-a": 2, "gen-b": 2}
     ledger.release_holder("gen-b")  # lost: its groups are queued, held by nobody
-    assert ledger.held_by() == {"gen-a": 2}
+    assert ledger.leases.held_by() == {"gen-a": 2}
     ledger.expire(now=11.0)  # gen-a's lease is late
-    assert ledger.held_by() == {}
+    assert ledger.leases.held_by() == {}
     ledger.take_for_generation("gen-c", 4, now=12.0)  # the retries first
-    assert ledger.held_by() == {"gen-c": 4}
+    assert ledger.leases.held_by() == {"gen-c": 4}
+
+
+def test_a_result_names_a_lease_issued_to_its_sender_on_that_group() -> None:
+    led = Ledger(groups_per_step=4, max_staleness=1, lease_timeout_s=10.0)
+    taken = led.take_for_generation("gen-0", 2, now=0.0)
+    assert taken is not None
+    lease, _ = taken
+    gid, book = min(lease.group_ids), led.leases
+    assert book.issued_to(lease.lease_id, gid, "gen-0", "generate") is None
+    assert "not gen-1's" in str(book.issued_to(lease.lease_id, gid, "gen-1", "generate"))
+    assert "not gen-0's score" in str(book.issued_to(lease.lease_id, gid, "gen-0", "score"))
+    assert "group 999" in str(book.issued_to(lease.lease_id, 999, "gen-0", "generate"))
+    assert "never issued" in str(book.issued_to(lease.lease_id + 50, gid, "gen-0", "generate"))
+    led.release_holder("gen-0")  # closed, still its own: a late result is a duplicate, not a lie
+    assert book.issued_to(lease.lease_id, gid, "gen-0", "generate") is None
+
+
+def test_leases_from_before_a_restart_are_not_remembered() -> None:
+    led = Ledger(groups_per_step=4, max_staleness=1, lease_timeout_s=10.0)
+    taken = led.take_for_generation("gen-0", 2, now=0.0)
+    assert taken is not None
+    again = Ledger(groups_per_step=4, max_staleness=1, lease_timeout_s=10.0)
+    again.load_state(led.state(), scored=set())
+    book = again.leases
+    assert book.issued_to(taken[0].lease_id, 0, "gen-9", "generate") is None
+    assert "never issued" in str(book.issued_to(taken[0].lease_id + 1, 0, "gen-9", "generate"))

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_stream.algo.settings import AdvantageSettings
+from grpo_stream.config.algo import AdvantageSettings
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.hub.batches import assemble, build_step, offline_stats
 from grpo_stream.hub.payload_refs import (
     build_ref_step,
@@ -23,8 +24,8 @@ from grpo_stream.hub.payload_refs import (
 )
 from grpo_stream.hub.payload_store import PayloadFetcher, PayloadServer, PayloadStore, rollout_meta
 from grpo_stream.protocols import messages as m
-from grpo_stream.protocols.payloads import PayloadLost, ScoreRef, payload_digest
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.protocols.digest import payload_digest
+from grpo_stream.protocols.payloads import PayloadLost, ScoreRef
 from grpo_stream.transport.sockets import Context, close_context, make_context
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -58,7 +59,7 @@ def both_ways(world: int = 1) -> tuple[list[m.TrainBatch], list[m.TrainBatch]]:
         ro = ragged(gid)
         full.append(assemble(ro, scored(gid, rewards), settings, None).group)
         meta = rollout_meta(ro, "tcp://127.0.0.1:1", payload_digest(ro))
-        shell = assemble(shell_rollout(meta, "", {}), scored(gid, rewards), settings, None).group
+        shell = assemble(shell_rollout(meta), scored(gid, rewards), settings, None).group
         shell.source, shell.digest = meta.source, meta.digest
         shells.append(shell)
         fetched[gid] = ro
@@ -78,7 +79,7 @@ def test_ref_carries_no_token() -> None:
     settings = AdvantageSettings()
     ro = ragged(0)
     meta = rollout_meta(ro, "tcp://127.0.0.1:1", payload_digest(ro))
-    shell = assemble(shell_rollout(meta, "", {}), scored(0, REWARDS[0]), settings, None).group
+    shell = assemble(shell_rollout(meta), scored(0, REWARDS[0]), settings, None).group
     (ref,) = build_ref_step(0, [shell], offline_stats([shell]))
     assert len(shell.completion_ids) == 0 and len(shell.logprobs) == 0
     assert list(ref.completion_lens) == [2, 0, 4] and ref.totals.num_tokens == 6
@@ -88,7 +89,7 @@ def _one_ref() -> tuple[m.Rollout, object]:
     settings = AdvantageSettings()
     ro = ragged(0)
     meta = rollout_meta(ro, "tcp://127.0.0.1:1", payload_digest(ro))
-    shell = assemble(shell_rollout(meta, "", {}), scored(0, REWARDS[0]), settings, None).group
+    shell = assemble(shell_rollout(meta), scored(0, REWARDS[0]), settings, None).group
     shell.source, shell.digest = meta.source, meta.digest
     return ro, build_ref_step(0, [shell], offline_stats([shell]))[0]
 
@@ -157,7 +158,7 @@ def test_fetch_batch_names_the_groups_it_could_not_get(ctx: Context) -> None:
         ro = ragged(gid)
         digest = store.put(ro) if gid == 0 else payload_digest(ro)  # group 1 never stored
         meta = rollout_meta(ro, server.address, digest)
-        shell = assemble(shell_rollout(meta, "", {}), scored(gid, REWARDS[0]), adv, None).group
+        shell = assemble(shell_rollout(meta), scored(gid, REWARDS[0]), adv, None).group
         shell.source, shell.digest = meta.source, meta.digest
         shells.append(shell)
     fetcher = PayloadFetcher(ctx, settings, plain, "trainer", timeout_s=5.0)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from grpo_stream.config import RunConfig
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.hub.payload_store import (
     PayloadFetcher,
     PayloadOutbox,
@@ -20,9 +21,9 @@ from grpo_stream.hub.payload_store import (
     store_capacity,
 )
 from grpo_stream.protocols import messages as m
-from grpo_stream.protocols.payloads import PayloadRequest, RolloutMeta, payload_digest
+from grpo_stream.protocols.digest import payload_digest
+from grpo_stream.protocols.payloads import PayloadRequest, RolloutMeta
 from grpo_stream.transport.curve import init_keys
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, Context, close_context, make_context
 
 LOCAL = "tcp://127.0.0.1:0"
@@ -32,8 +33,8 @@ PLAIN = SecuritySettings()
 
 def rollout(gid: int, g: int = 2, first_token: int = 5) -> m.Rollout:
     return m.Rollout(
-        lease_id=1, group_id=gid, instance="gen-0", policy_version=3, prompt="1+2=",
-        reference={"answer": "3"}, prompt_ids=np.array([1, 2], np.int32),
+        lease_id=1, group_id=gid, instance="gen-0", policy_version=3,
+        prompt_ids=np.array([1, 2], np.int32),
         completion_ids=np.arange(first_token, first_token + 3 * g, dtype=np.int32),
         completion_offsets=np.arange(0, 3 * g + 1, 3, dtype=np.int64),
         logprobs=np.full(3 * g, -0.5, np.float32), texts=["3"] * g, truncated=[False] * g,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
+from grpo_stream.config.hardware import HardwareSettings
 from grpo_stream.hardware.fingerprint import fingerprint_host
 from grpo_stream.hardware.recorded import RecordedNvml, load_record
-from grpo_stream.hardware.settings import HardwareSettings
 from grpo_stream.hub.shares import ShareBook
 
 

@@ -108,3 +108,18 @@ def test_an_episode_run_without_a_scorer_is_not_told_to_start_one(tmp_path):
     finally:
         grouper.server.close()
         close_context(grouper.ctx)
+
+
+def test_a_distillation_run_without_a_teacher_is_named(tmp_path):
+    cfg = load_config(None, [f'run.run_dir="{tmp_path}"', 'algo.distill.teacher="x"'])
+    grouper = Grouper(cfg)
+    try:
+        _join(grouper, "trainer", "generator", "scorer")
+        dog = Watchdog(grouper.cfg.run, now=0.0)
+        _ask(grouper)
+        dog.check(1.0, grouper)
+        (stall,) = _stalls(grouper, dog, 31.5)
+        assert "no teacher connected" in str(stall["why"])
+    finally:
+        grouper.server.close()
+        close_context(grouper.ctx)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from grpo_stream.config import RunConfig, load_config
+from grpo_stream.config.cluster import read_launch_file
 from grpo_stream.hardware.recorded import RecordedNvml, load_record
-from grpo_stream.launch.cluster import read_launch_file
 from grpo_stream.launch.devices import (
     local_fingerprint,
     local_host,
@@ -185,7 +185,7 @@ def test_mixed_h100_and_a10_pair_trains_on_the_h100_and_generates_on_the_a10(
     path.write_text(MIXED)
     cluster = read_launch_file(path)
     cfg = _cfg("model.params=1000000000", f'run.run_dir="{tmp_path / "run"}"')
-    placement, _ = placement_for_run(cfg, cluster, path, False, save=False, environ={})
+    placement, _ = placement_for_run(cfg, cluster, False, save=False, environ={})
     services = {
         s.instance: (s, slot)
         for s, slot in placed_services(cfg, placement, "tcp://10.0.0.1:5555", False, cluster)
@@ -270,7 +270,7 @@ def _two_trainer_hosts(tmp_path: Path) -> dict[str, ServiceSpec]:
     path.write_text(TWO_TRAINERS)
     cluster = read_launch_file(path)
     cfg = _cfg('run.placement="manual"', "trainer.ranks=4")
-    placement, _ = placement_for_run(cfg, cluster, path, False, save=False, environ={})
+    placement, _ = placement_for_run(cfg, cluster, False, save=False, environ={})
     services = placed_services(cfg, placement, "tcp://10.0.0.1:5555", False, cluster)
     return {spec.instance: spec for spec, _ in services}
 
@@ -298,7 +298,10 @@ def test_the_second_trainer_host_waits_for_the_rendezvous_through_its_launcher(
 ) -> None:
     spec = _two_trainer_hosts(tmp_path)["trainer-0-n1"]
     assert spec.prefix == ["srun", "--nodes=1", "--ntasks=1", "-w", "b", "--overlap"]
-    assert spec.argv[1:5] == [
+    # its shipped files are unpacked first (no shared filesystem), then it waits
+    assert spec.argv[1:3] == ["-m", "grpo_stream.launch.receive"]
+    waits = spec.argv[spec.argv.index("--") + 1 :]
+    assert waits[1:5] == [
         "-m", "grpo_stream.launch.rendezvous", "--address=10.0.0.1:29500", "--host-name=b",
     ]  # fmt: skip
 
@@ -308,8 +311,20 @@ def test_rank_zero_binds_the_weights_on_the_first_trainer_host(tmp_path: Path) -
     path.write_text(TWO_TRAINERS)
     cluster = read_launch_file(path)
     cfg = _cfg('run.placement="manual"', "trainer.ranks=4")
-    placement, _ = placement_for_run(cfg, cluster, path, False, save=False, environ={})
+    placement, _ = placement_for_run(cfg, cluster, False, save=False, environ={})
     overrides = cluster_overrides(cluster, placement)
     resolved = load_config(None, overrides)
     assert resolved.trainer.public_host == "10.0.0.1"
     assert resolved.trainer.ranks == 4
+
+
+def test_under_plan_a_teacher_takes_a_generators_gpu_while_one_generator_keeps_its_own() -> None:
+    cfg = _cfg("trainer.ranks=4", "algo.distill.teacher=x", "teacher.count=2")
+    env = _env(cfg, _local(cfg, *["h100-sxm"] * 6))
+    assert env == {
+        "trainer-0": "0,1,2,3",
+        "generator-0": "4",
+        "scorer-0": "",
+        "teacher-0": "5",
+        "teacher-1": "",  # no generator's GPU left to take: it runs without one
+    }

@@ -20,3 +20,9 @@ def test_episode_runs_start_no_scorer() -> None:
         {"task": {"name": "guess"}, "env": {"name": "guess"}, "scorer": {"count": 2}}
     )
     assert "scorer" not in started and {"trainer", "generator"} <= set(started)
+
+
+def test_distillation_runs_start_their_teachers_and_others_none() -> None:
+    assert "teacher" not in services({})
+    taught = services({"algo": {"distill": {"teacher": "x"}}, "teacher": {"count": 2}})
+    assert taught.count("teacher") == 2 and taught.count("scorer") == 1

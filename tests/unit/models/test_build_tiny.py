@@ -51,3 +51,17 @@ def test_rebuild_lands_in_the_band_with_the_shipped_size(tmp_path: Path) -> None
     assert 0.25 <= info["sampled_accuracy"] <= 0.40
     assert info["parameters"] == shipped["parameters"]
     assert (tmp_path / "tiny" / "model.safetensors").stat().st_size < 4_000_000
+
+
+def test_the_judges_examples_are_labelled_as_exact_match_scores_them() -> None:
+    import random
+
+    from grpo_stream.models.build_judge import example
+    from grpo_stream.rewards.builtin import exact_match
+
+    rng = random.Random(3)
+    draws = [example(rng) for _ in range(2000)]
+    for prompt, completion, right in draws:
+        a, b = (int(x) for x in prompt[:-1].split("+"))
+        assert right == bool(exact_match(completion, prompt=prompt, reference={"answer": a + b}))
+    assert 0.4 < sum(r for *_, r in draws) / len(draws) < 0.6  # balanced

@@ -22,6 +22,7 @@ def _batch(seqs: int = 64, tokens: int = 4096) -> TrainBatch:
         advantages=np.zeros(seqs, dtype=np.float32),
         rewards=np.zeros(seqs, dtype=np.float32),
         versions=np.zeros(seqs, dtype=np.int32),
+        group_offsets=np.arange(0, seqs + 1, 8, dtype=np.int64),
         totals=BatchTotals(num_seqs=seqs, num_tokens=seqs * tokens),
         sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=tokens),
         stats=step_stats_example(),

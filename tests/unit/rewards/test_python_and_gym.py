@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.rewards import RewardLoadError, load_reward
 from grpo_stream.rewards.sandbox import RewardPool
 from grpo_stream.tasks import TaskSettings, make_task
-from grpo_stream.tasks.settings import RewardSpec
 
 HERE = Path(__file__).parent
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.rewards import BUILTIN, RewardLoadError, combine, load_reward, reward_specs
 from grpo_stream.tasks import TaskSettings, make_task
-from grpo_stream.tasks.settings import RewardSpec
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
@@ -62,12 +62,12 @@ def test_function_with_the_wrong_signature_is_refused() -> None:
 def test_user_reward_loads_from_an_import_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "my_rewards.py").write_text(
+    (tmp_path / "registry_test_rewards.py").write_text(
         "def shorter(completion, *, prompt, reference, limit=3):\n"
         "    return 1.0 if len(completion) <= limit else 0.0\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    fn = load_reward(RewardSpec(name="my_rewards:shorter", params={"limit": 2}))
+    fn = load_reward(RewardSpec(name="registry_test_rewards:shorter", params={"limit": 2}))
     assert fn("ab", prompt="", reference={}) == 1.0
     assert fn("abc", prompt="", reference={}) == 0.0
 

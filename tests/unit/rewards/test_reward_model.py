@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.rewards import RewardLoadError, load_reward
 from grpo_stream.rewards.reward_model import RewardModel
 from grpo_stream.rewards.sandbox import RewardPool
-from grpo_stream.tasks.settings import RewardSpec
 
 TINY = Path(__file__).parents[3] / "grpo_stream" / "assets" / "tiny-arith"
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from grpo_stream.config import RunConfig, config_from_dict
+from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.engines import Engine, make_engine
 from grpo_stream.protocols import messages as m
 from grpo_stream.services.generator import Generator
 from grpo_stream.session.service import Join, Session, StopFlag
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import close_context, make_context
 from grpo_stream.transport.weights import WeightServer
 
@@ -152,7 +152,7 @@ def server() -> Iterator[WeightServer]:
 def test_a_refusing_weight_server_is_retried_until_it_serves(
     hub: ScriptedHub, engine: Engine, server: WeightServer
 ) -> None:
-    hub.peers = {"weights": server.addresses["weights"]}
+    hub.peers = m.Endpoints(weights=server.addresses["weights"], announce="tcp://127.0.0.1:8")
     session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
     session.connect()
     gen = Generator(session, engine)
@@ -175,7 +175,8 @@ def test_a_refusing_weight_server_is_retried_until_it_serves(
 def test_a_server_that_died_is_given_up_and_retried_at_the_hubs_new_address(
     hub: ScriptedHub, engine: Engine, server: WeightServer
 ) -> None:
-    hub.peers = {"weights": "tcp://127.0.0.1:9"}  # nobody serves there: a killed trainer's
+    # nobody serves there: a killed trainer's
+    hub.peers = m.Endpoints(weights="tcp://127.0.0.1:9", announce="tcp://127.0.0.1:8")
     session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
     session.connect()
     gen = Generator(session, engine)
@@ -185,7 +186,8 @@ def test_a_server_that_died_is_given_up_and_retried_at_the_hubs_new_address(
     gen._fetch_weights()
     assert time.monotonic() - t0 < STALL_S + 5  # given up after fetch_stall_s, not 60 s
     assert gen._fetch_failures == 1 and gen.reload
-    gen.link.peers["weights"] = server.addresses["weights"]  # the hub's Welcome: restarted
+    # the hub's Welcome: restarted
+    gen.link.peers = m.Endpoints(weights=server.addresses["weights"], announce="tcp://127.0.0.1:8")
     weights: list[tuple[str, Any]] = [
         (n, p.detach().clone() + 0.01)
         for n, p in engine.model.named_parameters()  # type: ignore[attr-defined]
@@ -209,7 +211,7 @@ def test_in_flight_a_version_fetched_meanwhile_is_swapped_in_and_the_oldest_is_t
         update={"generator": cfg.generator.model_copy(update={"inflight_updates": True})}
     )
     hub = ScriptedHub(inflight)
-    hub.peers = {"weights": server.addresses["weights"]}
+    hub.peers = m.Endpoints(weights=server.addresses["weights"], announce="tcp://127.0.0.1:8")
     session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
     session.connect()
     assert session.cfg.generator.inflight_updates

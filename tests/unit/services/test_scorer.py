@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from grpo_stream.config import RunConfig, config_from_dict
+from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.protocols import messages as m
 from grpo_stream.services.scorer import serve_scorer
 from grpo_stream.session.service import Join, Session, StopFlag
-from grpo_stream.transport.settings import SecuritySettings
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "session"))
 from hub_script import ScriptedHub

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from grpo_stream.engines import Completion
-from grpo_stream.services.generator import token_version_runs
+from grpo_stream.services.rollouts import token_version_runs
 
 
 def completion(n: int, runs: list[tuple[int, int]]) -> Completion:

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 from grpo_stream.config import RunConfig
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols import messages as m
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
 
@@ -30,7 +30,7 @@ class ScriptedHub:
         self.address = self.server.address
         self.received: list[m.Message] = []
         self.known: dict[str, bytes] = {}  # instance -> identity, from Hello
-        self.peers: dict[str, str] = {}
+        self.peers: m.Endpoints | None = None
         self._out: queue.Queue[tuple[str, m.Message]] = queue.Queue()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -40,7 +40,7 @@ class ScriptedHub:
     def welcome(self) -> m.Welcome:
         return m.Welcome(
             run_id="scripted", config=self.cfg.model_dump(mode="json"),
-            config_digest=self.digest, peers=dict(self.peers), policy_version=0,
+            config_digest=self.digest, peers=self.peers, policy_version=0,
         )  # fmt: skip
 
     def send(self, instance: str, msg: m.Message) -> None:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from grpo_stream.config import RunConfig, config_from_dict
+from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Registry
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.protocols import messages as m
 from grpo_stream.session.hub import HubSessions
 from grpo_stream.session.service import Join, Session, StopFlag
-from grpo_stream.transport.settings import SecuritySettings
 from grpo_stream.transport.sockets import Client, Server, close_context, make_context
 
 

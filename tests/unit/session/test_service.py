@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from grpo_stream.config import RunConfig, config_from_dict
+from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.exits import EXIT_CONFIG_CHANGED
 from grpo_stream.protocols import messages as m
 from grpo_stream.session.service import (
@@ -24,7 +25,6 @@ from grpo_stream.session.service import (
     StopFlag,
     run_service,
 )
-from grpo_stream.transport.settings import SecuritySettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hub_script import ScriptedHub
@@ -129,19 +129,19 @@ def test_a_first_welcome_whose_digest_is_not_its_configs_is_refused(cfg: RunConf
 def test_unasked_welcome_updates_peers_without_a_new_join(
     session: Session, hub: ScriptedHub
 ) -> None:
-    hub.peers = {"weights": "tcp://127.0.0.1:9"}
+    hub.peers = m.Endpoints(weights="tcp://127.0.0.1:9", announce="tcp://127.0.0.1:8")
     hub.send("gen-0", hub.welcome())  # what the hub does when the trainer announces itself
     pump(session, 1.0, until=lambda: session.peers)
-    assert session.peers == {"weights": "tcp://127.0.0.1:9"}
+    assert session.peers == hub.peers
     assert session.joins == 1  # nothing was forgotten: do not ask for work twice
 
 
 def test_introduce_sends_endpoints_and_consumes_its_welcome(
     session: Session, hub: ScriptedHub
 ) -> None:
-    session.endpoints = {"weights": "tcp://127.0.0.1:7"}
+    session.endpoints = m.Endpoints(weights="tcp://127.0.0.1:7", announce="tcp://127.0.0.1:6")
     session.introduce()
-    assert hub.of(m.Hello)[-1].endpoints == {"weights": "tcp://127.0.0.1:7"}  # type: ignore[attr-defined]
+    assert hub.of(m.Hello)[-1].endpoints == session.endpoints  # type: ignore[attr-defined]
     joins = session.joins
     pump(session, 0.3)
     assert session.joins == joins  # its Welcome was taken by introduce, none is left over
@@ -209,7 +209,7 @@ def test_a_session_given_the_runs_secret_signs_every_hello(
     from grpo_stream.hub.auth import HelloAuth, load_secret, write_secret
 
     secret = write_secret(tmp_path / "secret")
-    signed = Join("generator", "gen-1", hub.address, SecuritySettings(secret_file=secret))
+    signed = Join("generator", "gen-1", hub.address, SecuritySettings(), secret=load_secret(secret))
     link = Session(signed, StopFlag())
     link.connect()
     link.introduce()  # a second Hello (as the trainer's, announcing endpoints)

@@ -61,3 +61,24 @@ def test_a_user_reward_that_does_not_import_is_refused() -> None:
     rewards = [{"name": "python", "import": "no_such_module_q:fn"}]
     with pytest.raises(DataCheckError, match="cannot import no_such_module_q"):
         check_data(config_from_dict({"task": {"rewards": rewards}}))
+
+
+def test_a_task_its_rewards_cannot_score_is_refused_before_any_service_starts() -> None:
+    """The guess task without its environment: exact_match needs reference answers, which
+    guess's problems do not have (it used to start and abort after 200 failed groups)."""
+    with pytest.raises(DataCheckError) as info:
+        check_data(config_from_dict({"task": {"name": "guess"}}))
+    message = str(info.value)
+    assert message.startswith("reward 'exact_match' cannot score task 'guess': ")
+    assert "keys: high, target" in message and "\n" not in message
+
+
+def test_the_same_task_played_by_its_environment_passes() -> None:
+    cfg = config_from_dict(
+        {
+            "task": {"name": "guess"},
+            "env": {"name": "guess"},
+            "model": {"name_or_path": "grpo-stream/tiny-guess"},
+        }
+    )
+    assert check_data(cfg) == []

@@ -6,17 +6,18 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
 from grpo_stream.models.testing import tiny_gpt2
+from grpo_stream.rng import set_rng_state
 from grpo_stream.training.checkpoint import (
     MARKER,
     complete_checkpoints,
     latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
-    set_rng_state,
 )
 
 
@@ -56,3 +57,47 @@ def test_checkpoint_loads_with_transformers(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path, 5, model, None, {"step": 5}, keep=1)
     loaded = GPT2LMHeadModel.from_pretrained(path)
     assert torch.equal(loaded.transformer.wte.weight, model.transformer.wte.weight)
+
+
+class _FakeCuda:
+    """torch.cuda at its boundary: an initialised device whose generator state is 16 bytes."""
+
+    def __init__(self, state: torch.Tensor) -> None:
+        self.state = state
+        self.restored: list[torch.Tensor] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, available: bool = True) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: available)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.state)
+        monkeypatch.setattr(torch.cuda, "set_rng_state", self.restored.append)
+
+
+def test_a_gpu_trainers_checkpoint_keeps_and_restores_its_cuda_rng(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model()
+    cuda = _FakeCuda(torch.arange(16, dtype=torch.uint8))
+    cuda.install(monkeypatch)
+    path = save_checkpoint(tmp_path, 1, model, None, {"step": 1}, keep=1)
+    state = load_trainer_state(path)  # weights_only: the CUDA state loads as a plain tensor
+    assert torch.equal(state["rng"]["cuda"], cuda.state)
+    set_rng_state(state["rng"])
+    assert len(cuda.restored) == 1 and torch.equal(cuda.restored[0], cuda.state)
+
+
+def test_a_cuda_rng_state_is_left_alone_where_cuda_is_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cuda = _FakeCuda(torch.arange(16, dtype=torch.uint8))
+    cuda.install(monkeypatch)
+    path = save_checkpoint(tmp_path, 1, _model(), None, {"step": 1}, keep=1)
+    cuda.install(monkeypatch, available=False)  # resumed on a CPU host
+    expected = random.random()
+    set_rng_state(load_trainer_state(path)["rng"])
+    assert random.random() == expected and cuda.restored == []
+
+
+def test_a_cpu_process_saves_no_cuda_rng(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path, 1, _model(), None, {"step": 1}, keep=1)
+    assert "cuda" not in load_trainer_state(path)["rng"]

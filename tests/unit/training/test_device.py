@@ -13,7 +13,6 @@ from grpo_stream.config import ConfigError, RunConfig, load_config
 from grpo_stream.training.device import (
     CudaProbe,
     checkpointing_supported,
-    process_group_backend,
     resolve_device,
     resolve_precision,
     trainer_preflight,
@@ -54,11 +53,6 @@ def test_auto_precision_is_bf16_mixed_on_gpus_and_fp32_on_the_cpu() -> None:
 def test_bf16_mixed_on_a_gpu_without_bf16_names_the_setting() -> None:
     with pytest.raises(ConfigError, match=r'trainer\.precision = "bf16-mixed"'):
         resolve_precision("bf16-mixed", "cuda:0", T4)
-
-
-def test_nccl_for_gpu_ranks_and_gloo_on_the_cpu() -> None:
-    assert process_group_backend("cuda:3") == "nccl"
-    assert process_group_backend("cpu") == "gloo"
 
 
 def _cfg(tmp_path: Path, *overrides: str) -> RunConfig:

@@ -9,6 +9,7 @@ serve: bind a weight server (ADDRESS: where), publish version 1 of OUT MiB (1 Mi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -16,10 +17,10 @@ import time
 
 import numpy as np
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols.messages import Hello
 from grpo_stream.transport.fetch import fetch_weights
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
 
 
@@ -36,7 +37,8 @@ def main(argv: list[str]) -> int:
                           pid=os.getpid(), capacity=4)  # fmt: skip
             welcome = handshake(client, hello, timeout_s=20.0)
             client.close()
-            print(json.dumps({"run_id": welcome.run_id, "peers": welcome.peers}))
+            peers = None if welcome.peers is None else dataclasses.asdict(welcome.peers)
+            print(json.dumps({"run_id": welcome.run_id, "peers": peers}))
         elif mode == "fetch":
             version, tensors = fetch_weights(ctx, address, settings, security, timeout_s=30.0)
             np.savez(argv[3], **dict(tensors))  # type: ignore[arg-type]

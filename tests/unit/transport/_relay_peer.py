@@ -13,11 +13,11 @@ import os
 import sys
 import time
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols.messages import WeightsChunk
 from grpo_stream.transport.fetch import Replica
 from grpo_stream.transport.relay import Relay
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import make_context
 
 

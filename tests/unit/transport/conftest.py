@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Context, close_context, make_context
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import zmq.auth
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols.messages import StatusRequest
 from grpo_stream.transport.curve import ROLES, add_client, init_keys, key_roles
 from grpo_stream.transport.errors import KeysError
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, Context, Server
 
 LOCAL = "tcp://127.0.0.1:0"
@@ -159,19 +159,20 @@ def test_announcements_reach_an_allowed_subscriber(
 def test_relay_link_is_curve_secured(ctx: Context, settings: TransportSettings, keys: Path) -> None:
     import torch
 
+    from grpo_stream.config.transport import WeightsSettings
     from grpo_stream.protocols.messages import WeightsRequest
     from grpo_stream.transport.fetch import Replica
     from grpo_stream.transport.relay import Relay
-    from grpo_stream.transport.settings import WeightsSettings
     from grpo_stream.transport.weights import WeightServer
 
     weights = WeightsSettings(relay=True, fanout=1)
     server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys), weights)
-    relay = Relay(ctx, LOCAL, settings, _secure(keys))
+    relay = Relay(ctx, LOCAL, settings, _secure(keys, "generator"))
     server.publish(3, [("w", torch.ones(2, 2))])
     first, second = Replica(), Replica()
-    first.fetch(ctx, server.addresses["weights"], settings, _secure(keys), weights=weights,
-                relay=relay)  # fmt: skip
+    # only a generator key's fetcher becomes a relay (the role-less client key does not)
+    first.fetch(ctx, server.addresses["weights"], settings, _secure(keys, "generator"),
+                weights=weights, relay=relay)  # fmt: skip
     assert second.fetch(ctx, server.addresses["weights"], settings, _secure(keys)) == 3
     assert server.redirects == 1  # the second came through the relay, over CURVE
     plain = Client(ctx, relay.address, settings, SecuritySettings(), "plain")

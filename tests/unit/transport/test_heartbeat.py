@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols.messages import Heartbeat
 from grpo_stream.transport.heartbeat import Heartbeats, HeartbeatSender
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import Client, Context, Server
 
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.fetch import Replica
 from grpo_stream.transport.relay import Relay
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import Context
 from grpo_stream.transport.weights import WeightServer
 

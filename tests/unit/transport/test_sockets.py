@@ -14,7 +14,9 @@ import pytest
 import zmq
 from structlog.testing import capture_logs
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols.messages import (
+    Endpoints,
     Error,
     Hello,
     Shutdown,
@@ -25,7 +27,6 @@ from grpo_stream.protocols.messages import (
     WorkRequest,
 )
 from grpo_stream.transport.errors import HandshakeRefused, HandshakeTimeout, SendTimeout
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings
 from grpo_stream.transport.sockets import (
     Announcer,
     Client,
@@ -44,7 +45,8 @@ def _hello() -> Hello:
 
 
 def _welcome() -> Welcome:
-    return Welcome(run_id="r1", config={}, config_digest="abc", peers={"w": "x"}, policy_version=0)
+    peers = Endpoints(weights="tcp://h:1", announce="tcp://h:2")
+    return Welcome(run_id="r1", config={}, config_digest="abc", peers=peers, policy_version=0)
 
 
 def _recv_until(server: Server, deadline_s: float = 10.0) -> tuple[bytes, object]:
@@ -240,7 +242,10 @@ def test_handshake_with_a_client_in_another_process(
             child.kill()
             child.wait()
     assert child.returncode == 0
-    assert json.loads(out) == {"run_id": "r1", "peers": {"w": "x"}}
+    assert json.loads(out) == {
+        "run_id": "r1",
+        "peers": {"weights": "tcp://h:1", "announce": "tcp://h:2"},
+    }
     server.close()
 
 

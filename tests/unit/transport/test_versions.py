@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport import versions
 from grpo_stream.transport.fetch import Replica
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import Context
 from grpo_stream.transport.versions import DeltaHistory
 from grpo_stream.transport.weights import WeightServer, build_snapshot

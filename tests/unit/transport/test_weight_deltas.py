@@ -11,10 +11,10 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.protocols.messages import WeightsChunk, WeightsRequest
 from grpo_stream.transport.delta import XOR_ZSTD
 from grpo_stream.transport.fetch import Replica
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import Context, Server
 from grpo_stream.transport.weights import WeightServer, build_snapshot
 

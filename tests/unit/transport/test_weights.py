@@ -15,13 +15,13 @@ import pytest
 import torch
 import zmq
 
+from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.models.testing import tiny_gpt2
 from grpo_stream.protocols.arrays import to_torch
 from grpo_stream.protocols.codec import decode, encode
 from grpo_stream.protocols.messages import WeightsChunk, WeightsRequest
 from grpo_stream.transport.errors import WeightsError, WeightsTimeout
 from grpo_stream.transport.fetch import Replica, WeightsWatcher, fetch_weights
-from grpo_stream.transport.settings import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.transport.sockets import Context, Server
 from grpo_stream.transport.weights import WeightServer
 
@@ -213,6 +213,7 @@ class KillOnFirstChunk:
     process when the first chunk of the version arrives: a server dying mid-transfer."""
 
     address = "tcp://127.0.0.1:1"
+    claim = ""  # no secret: the server makes it no relay (it has none)
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc

@@ -1,7 +1,8 @@
 """Stand-in for `grpo-stream`: records its argv, node and GPUs, and waits for SIGTERM.
 
 STUB_EXITS ("SERVICE=RC@DELAY,...") makes a service exit with RC, DELAY s after every service
-(STUB_EXPECT of them) started. The grouper writes hub.addr as the real hub does.
+(STUB_EXPECT of them) started. The grouper writes hub.addr as the real hub does. `keys init DIR`
+writes placeholder files named as `grpo-stream keys init` names them.
 """
 
 import json
@@ -14,6 +15,15 @@ from pathlib import Path
 
 record = Path(os.environ["STUB_RECORD"])
 argv = sys.argv[1:]
+if argv[:2] == ["keys", "init"]:
+    keys = Path(argv[2])
+    (keys / "authorized").mkdir(parents=True)
+    for name in ("server", "client", "trainer", "generator", "scorer", "evaluator"):
+        (keys / f"{name}.key").write_text(f"public {name}\n")
+        (keys / f"{name}.key_secret").write_text(f"secret {name}\n")
+        if name != "server":
+            (keys / "authorized" / f"{name}.key").write_text(f"public {name}\n")
+    sys.exit(0)
 service = argv[1]
 stopping = False
 

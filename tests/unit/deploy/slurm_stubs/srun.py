@@ -1,7 +1,8 @@
 """Stand-in for Slurm's `srun`: runs each task of a step as a local process.
 
-Each task gets Slurm's task variables (SLURMD_NODENAME, SLURM_LOCALID, SLURM_PROCID) and its
-own output file; SIGTERM is forwarded to every task; the exit status is the worst task's.
+Each task gets Slurm's task variables (SLURMD_NODENAME, SLURM_LOCALID, SLURM_PROCID) and
+srun's environment; its output goes to srun's (or to its own --output file); SIGTERM is
+forwarded to every task; the exit status is the worst task's.
 """
 
 import os
@@ -18,6 +19,7 @@ KNOWN = {
     "nodelist",
     "output",
     "cpus-per-task",
+    "label",
 }
 procs: list[subprocess.Popen[bytes]] = []
 
@@ -47,6 +49,9 @@ for n, node in enumerate(nodes):
         env = dict(
             os.environ, SLURMD_NODENAME=node, SLURM_LOCALID=str(local), SLURM_PROCID=str(rank)
         )
+        if "output" not in opts:
+            procs.append(subprocess.Popen(args, env=env))
+            continue
         out = opts["output"].replace("%N", node).replace("%t", str(rank))
         with open(out, "w") as log:
             procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))

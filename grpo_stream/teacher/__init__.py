@@ -1,0 +1,1 @@
+"""The teacher of on-policy distillation: engines that score completion tokens (`engines`)."""
