@@ -36,7 +36,7 @@ def make_engine(
     its GPU itself: select it with CUDA_VISIBLE_DEVICES. `lora` (the trainer's
     `trainer.lora`): vLLM must enable LoRA at start; hf recognises adapter versions itself.
     `weights`: how versions are fetched (deltas; hf relays them when `weights.relay`).
-    `secret`: the run's, which signs an hf engine's relay claim (only holders of the secret
+    `secret`: the run's, which signs the engine's relay claim (only holders of the secret
     become relays).
     """
     if name == "hf":
@@ -49,6 +49,7 @@ def make_engine(
             )
 
         return VLLMEngine.from_settings(
-            model, generator, transport, security, device, lora=lora, weights=weights
-        )
+            model, generator, transport, security, device, lora=lora, weights=weights,
+            secret=secret,
+        )  # fmt: skip
     raise ValueError(f"unknown engine {name!r}: expected 'hf' or 'vllm'")

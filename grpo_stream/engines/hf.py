@@ -33,13 +33,11 @@ log-probs disagree with the trainer's.
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
-import zmq
 
 from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.engines.base import (
@@ -50,22 +48,18 @@ from grpo_stream.engines.base import (
 )
 from grpo_stream.engines.decode import Decoded, Decoder, version_runs
 from grpo_stream.engines.hf_weights import plan_weight_update
-from grpo_stream.engines.inflight import Arrays, BackgroundFetch
+from grpo_stream.engines.inflight import BackgroundFetch
 from grpo_stream.engines.lora import HFAdapter
 from grpo_stream.engines.turn_cache import TurnCache
 from grpo_stream.models.adapter import split_adapter
 from grpo_stream.models.loading import load_policy, load_tokenizer
-from grpo_stream.transport.fetch import Replica
-from grpo_stream.transport.relay import Relay
+from grpo_stream.transport.fetcher import VersionFetcher
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
     from grpo_stream.config import ModelSettings
-    from grpo_stream.engines.turn_cache import TurnCache
-    from grpo_stream.transport.fetch import Replica
-    from grpo_stream.transport.relay import Relay
 
 log = structlog.get_logger()
 
@@ -97,20 +91,19 @@ class HFEngine:
             raise ValueError("the model has no end-of-sequence token (generation_config/tokenizer)")
         pad = tokenizer.pad_token_id
         self._pad_id = int(pad) if pad is not None else min(self._eos_ids)
-        self._zmq_ctx: Any = None
-        self._replica: Replica | None = None  # wire arrays of the version held (delta base)
         self._lora: Any = None  # engines.lora.HFAdapter once an adapter version arrives
-        self._weights = weights or WeightsSettings()
-        self._secret = secret  # the run's: signs this engine's relay claim (weights.relay)
-        self._relay: Relay | None = None  # serves what we fetch to others (weights.relay)
+        # the version held (delta base) and, with weights.relay, the relay serving it; the
+        # run's secret signs the relay's claim
+        self._fetcher = VersionFetcher(
+            self._transport, self._security, weights or WeightsSettings(), secret
+        )
         # transformers 5 renamed the forward argument past_key_values to cache.
         forward_args = inspect.signature(self.model.forward).parameters
         cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self._decoder = Decoder(self.model, cache_arg, self._eos_ids)
         self._between_steps: Callable[[], None] | None = None  # enable_inflight
         self._keep_kv = False
-        self._fetch_lock = threading.Lock()  # one fetch into the replica at a time
-        self._background = BackgroundFetch(lambda address: self._fetch(address, -1))
+        self._background = BackgroundFetch(lambda address: self._fetcher.fetch(address, -1))
 
     @classmethod
     def from_settings(
@@ -302,7 +295,7 @@ class HFEngine:
         The engine keeps the wire arrays of the version it holds (a `Replica`), so the server
         can send a delta from it; a refused delta is re-fetched in full (see transport.fetch).
         """
-        got, named = self._fetch(address, version)
+        got, named = self._fetcher.fetch(address, version)
         self.load_weights(named, got)
         return got
 
@@ -329,33 +322,10 @@ class HFEngine:
         self.load_weights(got[1], got[0])
         return got[0]
 
-    def _fetch(self, address: str, version: int) -> tuple[int, Arrays]:
-
-        with self._fetch_lock:
-            if self._zmq_ctx is None:
-                self._zmq_ctx = zmq.Context()
-            if self._replica is None:
-                self._replica = Replica()
-            if self._weights.relay and self._relay is None:
-                self._relay = Relay(
-                    self._zmq_ctx, self._weights.relay_bind, self._transport, self._security,
-                    wait_s=self._weights.relay_stall_s, secret=self._secret,
-                )  # fmt: skip
-            got = self._replica.fetch(
-                self._zmq_ctx, address, self._transport, self._security, version=version,
-                weights=self._weights, relay=self._relay,
-            )  # fmt: skip
-            return got, self._replica.named()
-
     def close(self) -> None:
         """Drop the model and close the ZeroMQ context (sockets linger 0, so this never hangs)."""
         self._background.close()
-        if self._relay is not None:
-            self._relay.close()
-            self._relay = None
-        if self._zmq_ctx is not None:
-            self._zmq_ctx.destroy(linger=0)
-            self._zmq_ctx = None
+        self._fetcher.close()
         self.model = None
 
 

@@ -95,9 +95,11 @@ class VLLMEngine:
         seed: int = 0,
         lora: LoraSettings | None = None,
         weights: WeightsSettings | None = None,
+        secret: bytes | None = None,
     ) -> VLLMEngine:
         """Start vLLM on `model.name_or_path` (`device` only picks the dtype for "auto").
-        Refuses a vLLM without the API this engine uses (vllm_compat), in one line."""
+        Refuses a vLLM without the API this engine uses (vllm_compat), in one line.
+        `secret`: the run's, which signs the relay's claim (`weights.relay`)."""
         compat.require(compat.detect())
         dev = resolve_device(device)
         path = resolve_model(model.name_or_path)
@@ -121,7 +123,7 @@ class VLLMEngine:
             llm = loop.run(_start(args))
         updater = Updater.start(
             llm, loop, path, transport, security, weights or WeightsSettings(),
-            lora=bool(lora_args), model_name=model.name_or_path,
+            lora=bool(lora_args), model_name=model.name_or_path, secret=secret,
         )  # fmt: skip
         log.info("engine.loaded", engine="vllm", model=model.name_or_path, device=dev,
                  vllm=compat.installed_version())  # fmt: skip

@@ -38,13 +38,9 @@ from grpo_stream.engines.base import to_torch
 from grpo_stream.engines.lora import VLLMAdapter
 from grpo_stream.engines.streaming import EngineFailed
 from grpo_stream.engines.vllm_loop import Loop
-from grpo_stream.engines.vllm_weights import (
-    TIED_HEAD,
-    CheckpointShapes,
-    VersionFetcher,
-    write_handoff,
-)
+from grpo_stream.engines.vllm_weights import TIED_HEAD, CheckpointShapes, write_handoff
 from grpo_stream.models.adapter import split_adapter
+from grpo_stream.transport.fetcher import VersionFetcher
 
 if TYPE_CHECKING:
     from grpo_stream.transport.fetch import Arrays
@@ -96,14 +92,16 @@ class Updater:
     def start(
         cls, llm: Any, loop: Loop, path: str, transport: TransportSettings,
         security: SecuritySettings, weights: WeightsSettings, lora: bool, model_name: str,
+        secret: bytes | None = None,
     ) -> Updater:  # fmt: skip
-        """Initialise vLLM's transfer protocol and label the loaded weights version 0."""
+        """Initialise vLLM's transfer protocol and label the loaded weights version 0.
+        `secret`: the run's, which signs the relay's claim (`weights.relay`)."""
         loop.run(compat.init_transfer(llm))
         loop.run(compat.label(llm, 0))
         local = local_model_dir(path)
         shapes = CheckpointShapes.of_directory(local, tied=False)
         shapes.tied = TIED_HEAD not in shapes.shapes  # a tied head is not saved
-        updater = cls(llm, loop, VersionFetcher(transport, security, weights), shapes)
+        updater = cls(llm, loop, VersionFetcher(transport, security, weights, secret), shapes)
         if lora:
             updater.adapter = VLLMAdapter(
                 lambda req: bool(loop.run(llm.add_lora(req))),

@@ -2,11 +2,8 @@
 against the model, write it where the workers read it.
 
 Invariants:
-- `VersionFetcher` fetches for the whole generator (one network fetch per version however many
-  tensor-parallel workers vLLM runs): it holds the version's wire arrays (the `Replica`, base of
-  the server's deltas, every tensor and the whole version checksummed) and, with
-  `weights.relay`, serves what it receives to other generators (`Relay`), as the hf engine does.
-  One fetch at a time.
+- The generator fetches each version once for all of vLLM's tensor-parallel workers, through
+  the same `grpo_stream.transport.fetcher.VersionFetcher` as the hf engine (delta base, relay).
 - `CheckpointShapes.check` refuses a full version whose names or shapes differ from the
   model's checkpoint, or that leaves a parameter out, before anything reaches vLLM (a tied
   `lm_head.weight` may be absent: the workers load it from the embedding).
@@ -19,17 +16,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
-import zmq
 
-from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.engines.base import to_torch
-from grpo_stream.transport.fetch import Arrays, Replica
-from grpo_stream.transport.relay import Relay
+from grpo_stream.transport.fetch import Arrays
 
 if TYPE_CHECKING:
     import torch
@@ -38,57 +31,6 @@ log = structlog.get_logger()
 
 SHM = Path("/dev/shm")
 TIED_HEAD = "lm_head.weight"
-
-
-class VersionFetcher:
-    """Fetches versions for one generator: delta base and relay kept between fetches."""
-
-    def __init__(
-        self, transport: TransportSettings, security: SecuritySettings, weights: WeightsSettings
-    ) -> None:
-        self._transport = transport
-        self._security = security
-        self._weights = weights
-        self._ctx: zmq.Context[Any] | None = None
-        self._replica = Replica()
-        self._relay: Relay | None = None
-        self._lock = threading.Lock()
-        self.fetches = 0  # versions fetched over the network (one per version per generator)
-
-    def fetch(self, address: str, version: int = -1) -> tuple[int, Arrays]:
-        """`version` (-1: the newest) from `address`, as a delta from the one held when the
-        server can; (version, tensors in the server's order)."""
-        with self._lock:
-            if self._ctx is None:
-                self._ctx = zmq.Context()
-            if self._weights.relay and self._relay is None:
-                self._relay = Relay(
-                    self._ctx, self._weights.relay_bind, self._transport, self._security,
-                    wait_s=self._weights.relay_stall_s,
-                )  # fmt: skip
-            got = self._replica.fetch(
-                self._ctx, address, self._transport, self._security, version=version,
-                weights=self._weights, relay=self._relay,
-            )  # fmt: skip
-            self.fetches += 1
-            return got, self._replica.named()
-
-    def forget(self) -> None:
-        """Drop the held version: the next fetch is a full one (after a refused update)."""
-        with self._lock:
-            self._replica = Replica()
-
-    @property
-    def relay_address(self) -> str | None:
-        return None if self._relay is None else self._relay.address
-
-    def close(self) -> None:
-        if self._relay is not None:
-            self._relay.close()
-            self._relay = None
-        if self._ctx is not None:
-            self._ctx.destroy(linger=0)
-            self._ctx = None
 
 
 class CheckpointShapes:

@@ -33,7 +33,6 @@ until the next step, served short by it, goes out. So also `refilled <= filtered
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -381,6 +380,3 @@ class Ledger:
             else:
                 self.stage[gid] = stage
 
-
-def now() -> float:
-    return time.monotonic()

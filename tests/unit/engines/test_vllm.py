@@ -30,6 +30,7 @@ pytestmark = pytest.mark.gpu
 
 PROMPTS = ["1+2=", "12+34=", "7*8=?"]
 LOCAL = "tcp://127.0.0.1:0"
+SECRET = b"v" * 64  # the run's secret, as `up` hands it to the generator and the trainer
 TOLERANCE = 5e-2 if torch.cuda.is_available() else 1e-3  # vLLM runs bf16 on GPUs
 
 
@@ -46,6 +47,7 @@ def vllm_engine(tiny_dir: Path) -> Iterator[Any]:
         SecuritySettings(),
         max_model_len=128,
         weights=WeightsSettings(relay=True, relay_stall_s=2.0),
+        secret=SECRET,  # as under `up`: it signs the relay's claim
     )
     yield engine
     engine.close()
@@ -66,7 +68,9 @@ def server() -> Iterator[Any]:
 
     ctx: zmq.Context[Any] = zmq.Context()
     weights = WeightsSettings(relay=True, fanout=1, relay_stall_s=2.0)
-    srv = WeightServer(ctx, LOCAL, LOCAL, TransportSettings(), SecuritySettings(), weights)
+    srv = WeightServer(
+        ctx, LOCAL, LOCAL, TransportSettings(), SecuritySettings(), weights, secret=SECRET
+    )
     yield srv
     srv.close()
     ctx.destroy(linger=0)
@@ -205,7 +209,8 @@ def test_the_version_held_is_relayed_to_the_next_fetcher(
         relay.close()
         ctx.destroy(linger=0)
     assert got == target
-    assert server.served == 1 and server.redirects == 1  # the second came from our relay
+    # the second came from our relay: its claim is signed with the run's secret
+    assert server.served == 1 and server.redirects == 1
     sent = dict(new.named_parameters())
     assert all(torch.equal(torch.from_numpy(a.copy()), sent[n]) for n, a in other.named())
 
