@@ -36,16 +36,41 @@ The options, both sides and the model of one run: bench/vs_trl_cell.py.
 
 Run: python -m bench.vs_trl [--steps 40] [--size tiny|10x]
 Last line: `ratio ours/trl steps/s: R (reward lastK ours A trl B)`.
+
+`--matrix` runs the workload matrix instead (bench/vs_trl_matrix.py: cells of other models,
+prompt and completion lengths and G); `--smoke` is its smoke run.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from bench.common import REPO_ROOT, RESULTS_DIR, StepSeries, fmt, plot_rewards, save_json
-from bench.vs_trl_cell import build_parser, check_args, run_cell
+from bench.common import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    StepSeries,
+    add_smoke,
+    fmt,
+    parse,
+    plot_rewards,
+    save_json,
+)
+from bench.vs_trl_cell import build_parser as cell_parser
+from bench.vs_trl_cell import check_args, run_cell
+from bench.vs_trl_matrix import add_options, run_matrix
 from bench.vs_trl_model import build_10x as build_10x  # re-exported: other benches
 from bench.vs_trl_model import count_parameters as count_parameters  # re-exported
+
+SMOKE = ["--matrix"]
+"""--smoke is the matrix's smoke run (bench/vs_trl_matrix.py)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One cell's options (bench/vs_trl_cell.py), the matrix's, and --smoke."""
+    parser = cell_parser()
+    add_options(parser)
+    add_smoke(parser)
+    return parser
 
 
 def print_summary(series: list[StepSeries], k: int) -> None:
@@ -76,7 +101,11 @@ def result_name(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parse(parser, argv, SMOKE)
+    if args.matrix:
+        run_matrix(args, parser)
+        return
     check_args(args)
     k = min(args.last_k, args.steps)
     runs, result = run_cell(args)
