@@ -269,31 +269,56 @@ def prepare(args: argparse.Namespace, cell: Cell, models: dict[str, Any], tmp: P
     return f"cell {cell.name} [{settings(cell, run_args)}]: ready, {params:.2f}M params"
 
 
-def run_one(args: argparse.Namespace, cell: Cell, model_path: str) -> dict[str, Any]:
-    """One cell, both sides: its record, and its line printed."""
+@dataclass(frozen=True)
+class CellResult:
+    """One cell's outcome: both sides' steady steps/s and mean reward of the same last `k`
+    steps (NaN where a side did not finish), and the run's full record."""
+
+    cell: Cell
+    settings: str
+    ours_steps_per_s: float
+    trl_steps_per_s: float
+    k: int
+    reward_ours: float
+    reward_trl: float
+    run: dict[str, Any]
+    """bench.vs_trl's record of the run (args, model, threads, summary, series), or its error."""
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_steps_per_s / self.trl_steps_per_s
+
+    def line(self) -> str:
+        return (
+            f"cell {self.cell.name} [{self.settings}]: ours {fmt(self.ours_steps_per_s, 3)} "
+            f"steps/s, trl {fmt(self.trl_steps_per_s, 3)}, ratio {fmt(self.ratio)}; reward "
+            f"last{self.k} ours {fmt(self.reward_ours)} trl {fmt(self.reward_trl)}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        workload = dataclasses.asdict(self.cell) | {"context": self.cell.context}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return fields | {"cell": workload, "ratio": self.ratio}
+
+
+def run_one(args: argparse.Namespace, cell: Cell, model_path: str) -> CellResult:
+    """One cell, both sides, its line printed. A run of ours that fails (RuntimeError: it
+    exited early or ran past --timeout) is recorded with NaN rates, and the matrix goes on."""
     run_args = cell_args(args, cell, model_path)
-    (ours, trl), result = run_cell(run_args)
     k = run_args.last_k
-    record = {
-        "cell": cell.name, "parent": cell.parent, "settings": settings(cell, run_args),
-        "workload": dataclasses.asdict(cell) | {"context": cell.context},
-        "ours_steps_per_s": ours.steps_per_s(), "trl_steps_per_s": trl.steps_per_s(),
-        "ratio": ours.steps_per_s() / trl.steps_per_s(),
-        "reward_last_k": {"k": k, "ours": ours.reward_last(k), "trl": trl.reward_last(k)},
-        "run": {**result, "summary": {s.name: s.summary(k) for s in (ours, trl)},
-                "series": [s.to_json() for s in (ours, trl)]},
-    }  # fmt: skip
-    print(cell_line(record), flush=True)
-    return record
-
-
-def cell_line(record: dict[str, Any]) -> str:
-    reward = record["reward_last_k"]
-    return (
-        f"cell {record['cell']} [{record['settings']}]: ours {fmt(record['ours_steps_per_s'], 3)}"
-        f" steps/s, trl {fmt(record['trl_steps_per_s'], 3)}, ratio {fmt(record['ratio'])}; "
-        f"reward last{reward['k']} ours {fmt(reward['ours'])} trl {fmt(reward['trl'])}"
-    )
+    try:
+        (ours, trl), run = run_cell(run_args)
+    except RuntimeError as error:
+        print(f"cell {cell.name} failed: {error}", flush=True)
+        nan = math.nan
+        return CellResult(cell, settings(cell, run_args), nan, nan, k, nan, nan,
+                          {"error": str(error)})  # fmt: skip
+    run |= {"summary": {s.name: s.summary(k) for s in (ours, trl)},
+            "series": [s.to_json() for s in (ours, trl)]}  # fmt: skip
+    result = CellResult(cell, settings(cell, run_args), ours.steps_per_s(), trl.steps_per_s(),
+                        k, ours.reward_last(k), trl.reward_last(k), run)  # fmt: skip
+    print(result.line(), flush=True)
+    return result
 
 
 def run_matrix(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -310,18 +335,19 @@ def run_matrix(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
               "steps a side", flush=True)  # fmt: skip
     shared = {k: v for k, v in recorded_args(args).items() if k not in CELL_OWNED}
     result: dict[str, Any] = {"args": shared, "env": environment()}
+    checked = CELLS if args.smoke else cells  # every one checked before any runs
     with tempfile.TemporaryDirectory(prefix="bench-matrix-") as tmp:
-        models = build_models(args, CELLS if args.smoke else cells, Path(tmp))
+        models = build_models(args, checked, Path(tmp))
         result["models"] = models
-        for cell in CELLS if args.smoke else cells:  # every one checked before any runs
+        for cell in checked:
             print(prepare(args, cell, models, Path(tmp)), flush=True)
-        records = [run_one(args, cell, models[cell.model]["path"]) for cell in run]
-    result["cells"] = records
-    ratios = [r["ratio"] for r in records]
+        outcomes = [run_one(args, cell, models[cell.model]["path"]) for cell in run]
+    result["cells"] = [outcome.to_json() for outcome in outcomes]
+    ratios = [outcome.ratio for outcome in outcomes]
     result["geomean"], result["min"] = geomean_min(ratios)
     print("--- matrix")
-    for record in records:
-        print(cell_line(record))
+    for outcome in outcomes:
+        print(outcome.line())
     if not args.no_save:
         path = save_json(results_path("vs_trl_matrix.json"), result)
         print(f"saved {path}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
+import math
 import os
 import re
 import subprocess
@@ -130,6 +132,40 @@ def test_a_cell_without_a_rate_makes_the_summary_nan(matrix: ModuleType) -> None
     assert matrix.matrix_line([2.0, float("nan")]).endswith("geomean nan, min nan")
 
 
+def _series(common: ModuleType, name: str, step_s: float, reward: float) -> object:
+    steps = [1, 2, 3, 4, 5]
+    return common.StepSeries(name, steps=steps, wall_s=[step_s * i for i in steps],
+                             rewards=[reward] * 5, completion_tokens=[10.0] * 5)  # fmt: skip
+
+
+def test_a_cell_reports_both_rates_their_ratio_and_equal_step_rewards(
+    bench: Callable[[str], ModuleType],
+    matrix: ModuleType,
+    parser: argparse.ArgumentParser,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    common = bench("common")
+    ours, trl = _series(common, "ours", 0.25, 0.5), _series(common, "trl", 0.5, 0.25)
+    monkeypatch.setattr(matrix, "run_cell", lambda run_args: ([ours, trl], {"model": {}}))
+    cell = matrix.CELLS[0]
+    outcome = matrix.run_one(parser.parse_args(["--matrix"]), cell, "m")
+    assert (outcome.ours_steps_per_s, outcome.trl_steps_per_s, outcome.ratio) == (4.0, 2.0, 2.0)
+    assert (outcome.k, outcome.reward_ours, outcome.reward_trl) == (cell.steps // 4, 0.5, 0.25)
+    assert json.loads(json.dumps(outcome.to_json()))["cell"]["name"] == cell.name
+
+
+def test_a_cell_whose_run_fails_is_recorded_as_nan_and_the_matrix_goes_on(
+    matrix: ModuleType, parser: argparse.ArgumentParser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(run_args: argparse.Namespace) -> None:
+        raise RuntimeError("grpo-stream up exited with 1")
+
+    monkeypatch.setattr(matrix, "run_cell", fail)
+    outcome = matrix.run_one(parser.parse_args(["--matrix"]), matrix.CELLS[0], "m")
+    assert math.isnan(outcome.ratio) and outcome.run == {"error": "grpo-stream up exited with 1"}
+    assert matrix.matrix_line([2.0, outcome.ratio]).endswith("geomean nan, min nan")
+
+
 def test_a_kept_build_is_reused_while_it_asks_for_the_same(
     models: ModuleType, tmp_path: Path
 ) -> None:
@@ -144,6 +180,18 @@ def test_a_kept_build_is_reused_while_it_asks_for_the_same(
     again = models.cached_build(tmp_path / "m", {"seed": 0}, build)
     other = models.cached_build(tmp_path / "m", {"seed": 1}, build)
     assert (first["n"], again["n"], other["n"]) == (1, 1, 2)
+
+
+def test_a_model_kept_for_the_same_build_is_not_built_again(
+    matrix: ModuleType, parser: argparse.ArgumentParser, tmp_path: Path
+) -> None:
+    args = parser.parse_args(["--matrix", "--keep", str(tmp_path)])
+    wanted = matrix.model_builds(args)["word"][0]
+    (tmp_path / "word").mkdir()
+    (tmp_path / "word" / "build.json").write_text(json.dumps({"path": "p", "wanted": wanted}))
+    assert matrix.to_build(args, matrix.CELLS) == ["10x", "gpt2"]
+    smoke = parser.parse_args(["--matrix", "--keep", str(tmp_path), "--smoke"])
+    assert matrix.to_build(smoke, matrix.CELLS) == ["10x", "gpt2", "word"]  # never kept
 
 
 def test_the_word_tokenizer_round_trips_arithmetic_as_transformers_loads_it(
