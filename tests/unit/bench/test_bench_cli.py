@@ -54,7 +54,7 @@ def test_vs_trl_rejects_one_step(bench: Callable[[str], ModuleType]) -> None:
 
 
 def test_vs_trl_overrides_are_valid_run_settings(bench: Callable[[str], ModuleType]) -> None:
-    mod = bench("vs_trl")
+    mod = bench("vs_trl_cell")
     args = mod.build_parser().parse_args(["--prompts-per-step", "4", "--group-size", "3"])
     cfg = load_config(None, mod.ours_overrides(args, "some/model"))
     assert (cfg.hub.groups_per_step, cfg.generator.group_size, cfg.model.name_or_path) == (
@@ -67,7 +67,7 @@ def test_vs_trl_overrides_are_valid_run_settings(bench: Callable[[str], ModuleTy
 def test_vs_trl_runs_ours_auto_and_trl_on_every_core(bench: Callable[[str], ModuleType]) -> None:
     import os
 
-    mod = bench("vs_trl")
+    mod = bench("vs_trl_cell")
     args = mod.build_parser().parse_args([])
     assert load_config(None, mod.ours_overrides(args, "m")).run.torch_threads == "auto"
     assert mod.trl_threads(args) == len(os.sched_getaffinity(0))
@@ -76,7 +76,7 @@ def test_vs_trl_runs_ours_auto_and_trl_on_every_core(bench: Callable[[str], Modu
 def test_vs_trl_long_workload_sets_the_task_for_both_sides(
     bench: Callable[[str], ModuleType],
 ) -> None:
-    mod = bench("vs_trl")
+    mod = bench("vs_trl_cell")
     args = mod.build_parser().parse_args(["--task", "countdown", "--max-tokens", "128"])
     cfg = load_config(None, mod.ours_overrides(args, "m"))
     assert (cfg.task.name, cfg.generator.max_tokens) == ("countdown", 128)
@@ -111,7 +111,7 @@ def _solve(numbers: list[int], target: int) -> str:
 
 
 def test_pipeline_trains_every_group(bench: Callable[[str], ModuleType]) -> None:
-    mod = bench("vs_trl")
+    mod = bench("vs_trl_cell")
     cfg = load_config(None, mod.ours_overrides(mod.build_parser().parse_args([]), "m"))
     assert cfg.algo.advantage.filter_zero_signal is False
 
@@ -282,6 +282,6 @@ def test_vs_trl_step_parses_its_options(bench: Callable[[str], ModuleType]) -> N
 
 
 def test_vs_trl_records_keep_10x_as_json(bench: Callable[[str], ModuleType]) -> None:
-    mod = bench("vs_trl")
+    mod = bench("vs_trl_cell")
     args = mod.build_parser().parse_args(["--size", "10x", "--keep-10x", "/some/dir"])
     assert json.loads(json.dumps(mod.recorded_args(args)))["keep_10x"] == "/some/dir"
