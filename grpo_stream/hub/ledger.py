@@ -379,4 +379,3 @@ class Ledger:
                     self.to_score.append(gid)
             else:
                 self.stage[gid] = stage
-
