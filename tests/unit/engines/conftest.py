@@ -6,11 +6,19 @@ so a forward pass takes milliseconds on one CPU thread.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# vLLM's CPU backend sizes its KV cache as gpu_memory_utilization x the NUMA node's memory
+# minus the worker's own RSS (~0.6 GiB): the tests' 0.05 of a 24 GiB node left room, of a
+# 12 GiB node it is negative and every engine fails to start (seen 2026-12-04). An explicit
+# 1 GiB cache (vLLM's CPU setting; `up` runs started here inherit it) makes the tests
+# independent of the node's size; vLLM on a GPU ignores it.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 CHARS = "0123456789+-*=?. abcdefghijklmnopqrstuvwxyz"
 SPECIALS = ["<pad>", "<eos>"]

@@ -187,16 +187,33 @@ def test_in_flight_a_rollout_carries_the_versions_of_its_tokens(
 
 
 def test_after_a_hub_restart_the_running_requests_are_aborted(engine: Any, tmp_path: Path) -> None:
+    """vLLM is paused (as for an in-flight update) while the hub restarts, so the requests
+    are surely running when the generator rejoins: on a quiet machine a random tiny model's
+    groups can finish within the 0.3 s the rejoin takes, and a group finished before the
+    rejoin is rightly sent."""
+    from grpo_stream.engines import vllm_compat as compat
+
     cfg = run_config(tmp_path)
     hub = ScriptedHub(cfg)
     serving = Serving(hub, engine)
     again: ScriptedHub | None = None
+    paused = False
     try:
         hub.wait_for(m.WorkRequest)
-        hub.send("gen-0", batch(lease_id=9, gids=[90, 91], max_tokens=120))
-        deadline = time.monotonic() + 60
-        while engine.running == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        for lease in (9, 10, 11):  # until requests are caught running by the pause
+            hub.send("gen-0", batch(lease_id=lease, gids=[10 * lease, 10 * lease + 1],
+                                    max_tokens=120))  # fmt: skip
+            deadline = time.monotonic() + 60
+            while engine.running == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            engine.updater.loop.run(compat.pause(engine.llm, "keep", clear_cache=False))
+            paused = True
+            if engine.running:
+                break
+            engine.updater.loop.run(compat.resume(engine.llm))
+            paused = False
+            hub.wait_for(m.Rollout, count=2 * (lease - 8), timeout_s=60)  # its credits back
+        assert paused and engine.running > 0, "no request was running at any pause"
         hub.close()
         again = ScriptedHub(cfg, address=hub.address)
         # the rejoin asks for its full credits (a group's credit sent before the generator
@@ -206,9 +223,13 @@ def test_after_a_hub_restart_the_running_requests_are_aborted(engine: Any, tmp_p
         while engine.running and time.monotonic() < deadline:
             time.sleep(0.05)
         assert engine.running == 0  # aborted, not run to the end for nobody
+        engine.updater.loop.run(compat.resume(engine.llm))
+        paused = False
         time.sleep(0.5)
         assert again.of(m.Rollout) == []
     finally:
+        if paused:
+            engine.updater.loop.run(compat.resume(engine.llm))
         serving.close()
         if again is not None:
             again.close()
