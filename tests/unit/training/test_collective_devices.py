@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_stream.cli.service_exit import end_service_process
 from grpo_stream.config import RunConfig, load_config
 
 sys.path.insert(0, str(Path(__file__).parent))  # strict_collectives, trainstates, test_ddp
@@ -138,7 +139,7 @@ def _rank(out: Path) -> None:
     results["redirected"] = dict(mode.redirected)
     if rank == 0:
         (out / "collectives.json").write_text(json.dumps(results))
-    torch.distributed.destroy_process_group()
+    end_service_process(0)  # as a trainer rank ends: torch's gloo teardown can deadlock
 
 
 @pytest.fixture(scope="module")
