@@ -39,7 +39,6 @@ Invariants:
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -226,13 +225,12 @@ class RollbackGuard:
         """True when the loss and every gradient are finite (on every rank); one host sync."""
         bad_loss = ~torch.isfinite(loss.detach()).all()
         grads = [local_shard(p.grad) for p in parameters if p.grad is not None]
-        # max |g| per tensor (this rank's shards under FSDP2): NaN if any element is NaN, inf
-        # if any is infinite, else finite (a max cannot overflow); one read of each gradient,
-        # no boolean copy of it as isfinite(g).all() makes
-        peaks = [torch.linalg.vector_norm(g.detach(), ord=math.inf) for g in grads]
-        bad_grad = (
-            ~torch.isfinite(torch.stack(peaks)).all() if peaks else torch.zeros_like(bad_loss)
-        )
+        # the least and the largest element per tensor (this rank's shards under FSDP2): NaN
+        # if any element is NaN, +-inf if any is infinite, else finite (no square to overflow);
+        # one vectorised read of each gradient (aminmax: 15x faster on the CPU than the inf
+        # norm or isfinite(g).all(), 3.2 against 0.2 ms for the tiny model's gradients)
+        ends = [end for g in grads if g.numel() for end in torch.aminmax(g.detach())]
+        bad_grad = ~torch.isfinite(torch.stack(ends)).all() if ends else torch.zeros_like(bad_loss)
         bad = torch.stack([bad_loss, bad_grad.to(bad_loss.device)]).int()  # (2,)
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():

@@ -155,23 +155,33 @@ def to_tensors(batch: TrainBatch, pad_id: int) -> Tensors:
     flat_mask = _per_token(batch.loss_mask, len(flat_lp), "loss_mask", np.bool_)
     flat_adv = _per_token(batch.token_advantages, len(flat_lp), "token_advantages", np.float32)
     token_adv = None if flat_adv is None else torch.zeros((n, width), dtype=torch.float32)
-    lp_pos = 0
-    for i in range(n):
-        lo, length = int(offsets[i]), int(lengths[i])
-        plen = int(batch.prompt_lens[i])
-        ids[i, :length] = flat_ids[lo : lo + length]
-        attn[i, :length] = 1
-        ncomp = length - plen
-        span = slice(lp_pos, lp_pos + ncomp)
-        comp[i, plen:length] = True if flat_mask is None else flat_mask[span]
-        old[i, plen:length] = flat_lp[span]
-        if token_adv is not None and flat_adv is not None:
-            token_adv[i, plen:length] = flat_adv[span]
-        lp_pos += ncomp
-    if lp_pos != len(flat_lp):
+    prompt_lens = np.asarray(batch.prompt_lens, dtype=np.int64)[:n]
+    completion = lengths - prompt_lens
+    if (completion < 0).any():
+        row = int(np.argmax(completion < 0))
+        raise ValueError(f"TrainBatch row {row}: prompt_lens {prompt_lens[row]} > its length")
+    if int(completion.sum()) != len(flat_lp):
         raise ValueError(
-            f"TrainBatch has {len(flat_lp)} behaviour log-probs for {lp_pos} completion tokens"
+            f"TrainBatch has {len(flat_lp)} behaviour log-probs for "
+            f"{int(completion.sum())} completion tokens"
         )
+    # every token's (row, column) at once: row i's tokens fill columns 0 .. length-1, its
+    # completion tokens columns prompt_len .. length-1 (one scatter each, not a loop of rows)
+    rows = torch.from_numpy(np.repeat(np.arange(n), lengths))
+    cols = torch.from_numpy(
+        np.arange(int(offsets[-1] - offsets[0])) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    )
+    ids[rows, cols] = flat_ids[int(offsets[0]) : int(offsets[-1])]
+    attn[rows, cols] = 1
+    starts = np.cumsum(completion) - completion  # each row's first completion token, flat
+    c_rows = torch.from_numpy(np.repeat(np.arange(n), completion))
+    c_cols = torch.from_numpy(
+        np.arange(len(flat_lp)) - np.repeat(starts, completion) + np.repeat(prompt_lens, completion)
+    )
+    comp[c_rows, c_cols] = True if flat_mask is None else flat_mask
+    old[c_rows, c_cols] = flat_lp
+    if token_adv is not None and flat_adv is not None:
+        token_adv[c_rows, c_cols] = flat_adv
     return Tensors(
         ids,
         attn,

@@ -250,3 +250,18 @@ def test_check_passes_finite_gradients_too_large_to_square(tiny_model: Any) -> N
     for p in params:
         p.grad = torch.full_like(p, -3.0e38)  # finite; its square overflows float32
     assert guard.check(torch.tensor(1.0), params)
+
+
+def test_check_reads_past_an_empty_gradient_shard(tiny_model: Any) -> None:
+    # under FSDP2 a rank's shard of a small tensor may hold no element
+    guard = RollbackGuard(RollbackSettings())
+    params = list(tiny_model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    empty = torch.nn.Parameter(torch.zeros(0))
+    empty.grad = torch.zeros(0)
+    assert guard.check(torch.tensor(1.0), [empty, *params])
+    grad = params[0].grad
+    assert grad is not None
+    grad.view(-1)[0] = math.nan
+    assert not guard.check(torch.tensor(1.0), [empty, *params])

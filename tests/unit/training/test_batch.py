@@ -81,3 +81,53 @@ def test_the_batch_carries_its_groups_sampling() -> None:
     g = _group()
     g.sampling = SamplingParams(temperature=0.7, top_p=1.0, max_tokens=5)
     assert build_batch(0, [g]).sampling == g.sampling
+
+
+def _ragged(gid: int, prompt: list[int], completions: list[list[int]]) -> Group:
+    flat = [t for c in completions for t in c]
+    offsets = np.cumsum([0] + [len(c) for c in completions]).astype(np.int64)
+    k = len(completions)
+    return Group(
+        group_id=gid,
+        policy_version=1,
+        prompt_ids=np.array(prompt, np.int32),
+        completion_ids=np.array(flat, np.int32),
+        completion_offsets=offsets,
+        logprobs=-np.array(flat, np.float32) / 10,  # token t's log-prob: -t/10
+        rewards=np.arange(k, dtype=np.float32),
+        advantages=np.linspace(-1, 1, k).astype(np.float32),
+        valid=np.ones(k, bool),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
+    )
+
+
+def test_rows_of_different_prompt_and_completion_lengths_land_in_their_columns() -> None:
+    groups = [_ragged(1, [7, 8], [[1, 2, 3], [4]]), _ragged(2, [9], [[5, 6], [2]])]
+    t = to_tensors(build_batch(0, groups), pad_id=0)
+    assert t.input_ids.tolist() == [
+        [7, 8, 1, 2, 3],
+        [7, 8, 4, 0, 0],
+        [9, 5, 6, 0, 0],
+        [9, 2, 0, 0, 0],
+    ]
+    assert t.attention_mask.tolist() == [
+        [1] * 5,
+        [1] * 3 + [0] * 2,
+        [1] * 3 + [0] * 2,
+        [1] * 2 + [0] * 3,
+    ]
+    assert t.completion_mask.int().tolist() == [
+        [0, 0, 1, 1, 1],
+        [0, 0, 1, 0, 0],
+        [0, 1, 1, 0, 0],
+        [0, 1, 0, 0, 0],
+    ]
+    expected = torch.where(t.completion_mask, -t.input_ids.float() / 10, 0.0)
+    assert torch.allclose(t.old_logp, expected)
+
+
+def test_a_prompt_longer_than_its_sequence_is_an_error() -> None:
+    batch = build_batch(0, [_ragged(1, [7, 8], [[1, 2], [3]])])
+    batch.prompt_lens = np.array([2, 4], np.int64)
+    with pytest.raises(ValueError, match="row 1: prompt_lens 4"):
+        to_tensors(batch, pad_id=0)
