@@ -27,6 +27,7 @@ SMOKE = {
     "multi_turn": r"^cost per token episodes/single: ",
     "off_policy": r"^staleness4 best/onpolicy gain ratio: ",
     "soak": r"^\}$",  # its JSON summary; it exits 1 on any failure it found
+    "step_parts": r"^step_parts: compute \d+\.\d ms, fixed \d",
     "trainer_tokens": r"^ratio packed/padded tokens/s: \d+\.\d+, shared/packed \d",
     "transport": r"^ratio codec/raw: \d",
     "vs_trl_step": r"^ratio packed/shared step seconds: \d",
