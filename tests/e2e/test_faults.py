@@ -144,7 +144,10 @@ def test_an_exception_in_the_hub_restarts_it_and_the_run_completes(
 def test_stopped_generator_is_declared_lost_and_recovers(
     tmp_path: Path, background_run: list[Run]
 ) -> None:
-    run = Run(tmp_path / "run", STEPS, "--set", "generator.count=2")
+    # paced: generator-0 alone serves every step, and unpaced the run's last 13 steps took
+    # 1.1 s once the trainer's step got faster: the hub stopped 3.0 s after the SIGSTOP,
+    # before generator-1's 3 s heartbeat deadline had passed
+    run = Run(tmp_path / "run", STEPS, "--set", "generator.count=2", *PACED)
     background_run.append(run)
     run.wait_steps(2)
     pid = pid_of(run.run_dir, "generator-1")
