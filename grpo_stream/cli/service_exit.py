@@ -10,9 +10,9 @@ logging's flush, profilers) and stdout/stderr are flushed; every file the servic
 
 Skipping the teardown also keeps a trainer rank from hanging at exit: torch's gloo process
 group joins its worker threads in its destructor while holding the GIL, and a worker still
-freeing a finished all-reduce needs the GIL (seen 1 exit in 6 of a DDP rank on torch 2.13 that
-destroyed its process group and then dropped its DDP model). So no rank destroys its process
-group; the process ends here and the group with it.
+freeing a finished all-reduce needs the GIL (seen in 2 of 11 runs of a DDP rank on torch
+2.13 that destroyed its process group and then dropped its DDP model). So no rank destroys
+its process group; the process ends here and the group with it.
 
 A process that still has a non-daemon thread running exits the ordinary way, so the
 interpreter joins that thread as it always did.
