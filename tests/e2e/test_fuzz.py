@@ -250,7 +250,9 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     run_dir = tmp_path_factory.mktemp("fuzz") / "run"
     hub_cases = list(cases(SEED, FUZZ_CASES, hub_valid))
     weight_cases = list(cases(SEED + 1, FUZZ_CASES, weights_valid))
-    run = Run(run_dir, STEPS)
+    # paced: the run must outlive both fuzzes; unpaced its 58 steps after step 2 took 5.7 s and
+    # the weight server's fuzz ended 0.2 s after the last step (2 s before `up` exited)
+    run = Run(run_dir, STEPS, "--set", "trainer.throttle_s=0.1")
     try:
         run.wait_steps(2)
         pids = {"hub": int(status(run_dir)["counters"]["hub_pid"]),
