@@ -4,10 +4,9 @@ At bench.vs_trl's base cell (the tiny model, 16 prompts x G 8, at most 8 new tok
 trainer is the pipeline's bottleneck: it computes ~93% of the wall time, the generator ~46%
 (py-spy of `grpo-stream up`, docs/results.md). So a step's fixed costs, the parts that are
 not the forward and backward, are what this bench times: one TrainState (the matrix's
-settings: grpo aggregation, beta 0) trains batches of the cell's shape (prompts of the task,
-completions of uniform random length 1..--max-tokens, random tokens, behaviour log-probs
-near the model's), each part timed by wrapping the function that does it, plus the copy a
-publish makes (`build_snapshot`).
+settings, bench.vs_trl_step's `make_state`) trains batches of the cell's shape
+(bench.vs_trl_step's `make_batch`, with behaviour log-probs from the model itself), each part
+timed by wrapping the function that does it, plus the copy a publish makes (`build_snapshot`).
 
 Run: python -m bench.step_parts [--steps 20] [--group-size 8] [--threads 1]
 Last line: `step_parts: compute S ms, fixed F ms (P% of the step), top: NAME T ms`.
@@ -23,9 +22,11 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from bench.common import TINY_MODEL, add_smoke, environment, parse, results_path
+from bench.vs_trl_step import make_batch, make_state
 
 COMPUTE = "forward and backward"
 PARTS: dict[str, tuple[str, str]] = {
@@ -47,9 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument(
-        "--threads", type=int, default=1, help="torch threads (the trainer's on 2 cores)"
-    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--seed", type=int, default=0)
     add_smoke(p)
     return p
@@ -91,79 +90,36 @@ def timed_parts(totals: dict[str, float]) -> Iterator[None]:
             setattr(owner, attr, fn)
 
 
-def make_batches(args: argparse.Namespace, state: Any, count: int) -> list[Any]:
-    """`count` TrainBatches of the cell's shape: the task's prompts, random completions with
-    behaviour log-probs from the model itself (so the update is an ordinary one)."""
-    import numpy as np
+def with_model_logprobs(batch: Any, state: Any) -> Any:
+    """`batch` with behaviour log-probs from `state`'s model itself, so the update is an
+    ordinary one (random ones make ratios that trip the rollback guard every few steps)."""
     import torch
 
-    from grpo_stream.config.tasks import TaskSettings
-    from grpo_stream.hub.batches import build_batch
-    from grpo_stream.hub.replay import Group
-    from grpo_stream.protocols.messages import SamplingParams
-    from grpo_stream.tasks import make_task
+    from grpo_stream.algo.logprobs import token_logprobs
     from grpo_stream.training.batch import to_tensors
 
-    rng = np.random.default_rng(args.seed)
-    task = make_task(TaskSettings(name="arith"))
-    tok = state.tokenizer
-    vocab = state.vocab_size()
-    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens)
-    batches = []
-    for step in range(count):
-        groups = []
-        for p in range(args.prompts):
-            gid = step * args.prompts + p
-            prompt = np.asarray(tok(task.problem(gid).prompt)["input_ids"], np.int32)
-            lengths = rng.integers(1, args.max_tokens + 1, size=args.group_size)
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            completion = rng.integers(3, vocab, size=int(offsets[-1])).astype(np.int32)
-            rewards = rng.integers(0, 2, size=args.group_size).astype(np.float32)
-            adv = ((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32)
-            groups.append(
-                Group(
-                    group_id=gid,
-                    policy_version=state.version,
-                    prompt_ids=prompt,
-                    completion_ids=completion,
-                    completion_offsets=offsets,
-                    logprobs=np.zeros(len(completion), np.float32),
-                    rewards=rewards,
-                    advantages=adv,
-                    valid=np.ones(args.group_size, bool),
-                    sampling=sampling,
-                )
-            )
-        batch = build_batch(step + 1, groups)
-        with torch.no_grad():  # behaviour log-probs: the model's own
-            t = to_tensors(batch, state._pad_id())
-            logits = state.model(input_ids=t.input_ids, attention_mask=t.attention_mask).logits
-            logp = torch.log_softmax(logits[:, :-1].float(), -1)
-            picked = logp.gather(-1, t.input_ids[:, 1:, None]).squeeze(-1)
-            batch.behaviour_logprobs = picked[t.completion_mask[:, 1:]].numpy()
-        batches.append(batch)
-    return batches
+    t = to_tensors(batch, state._pad_id())
+    with torch.no_grad():
+        logp, _ = token_logprobs(state.model, t.input_ids, t.attention_mask, t.completion_mask,
+                                 chunk=t.size, with_entropy=False)  # fmt: skip
+    batch.behaviour_logprobs = logp[t.completion_mask].numpy()
+    return batch
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from grpo_stream.config import load_config
-    from grpo_stream.training.state import TrainState
+    from grpo_stream.config.tasks import TaskSettings
+    from grpo_stream.tasks import make_task
     from grpo_stream.transport.weights import build_snapshot
 
     torch.set_num_threads(args.threads)
-    run_dir = tempfile.mkdtemp(prefix="step-parts-")
-    overrides = [
-        f"run.run_dir={json.dumps(run_dir)}",
-        f"model.name_or_path={json.dumps(args.model)}",
-        f"generator.max_tokens={args.max_tokens}",
-        'algo.loss.aggregation="grpo"',
-        "algo.loss.beta=0.0",
+    state = make_state(args, Path(tempfile.mkdtemp(prefix="step-parts-")), share=True)
+    task = make_task(TaskSettings(name="arith"))
+    batches = [
+        with_model_logprobs(make_batch(args, state.tokenizer, task, step), state)
+        for step in range(args.warmup + args.steps)
     ]
-    cfg = load_config(None, overrides)
-    state = TrainState.create(cfg)
-    batches = make_batches(args, state, args.warmup + args.steps)
     per_step: list[dict[str, float]] = []
     for i, batch in enumerate(batches):
         totals: dict[str, float] = {}
@@ -172,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             applied = state.train_step(batch).applied
             totals["step"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        build_snapshot(state.version, state.named_weights(), cfg.transport)
+        build_snapshot(state.version, state.named_weights(), state.cfg.transport)
         totals["publish copy"] = time.perf_counter() - t0
         if not applied:
             raise RuntimeError(f"step {i + 1} was not applied: the bench needs ordinary steps")
