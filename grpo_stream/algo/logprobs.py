@@ -56,10 +56,10 @@ def _chunk_logprobs(
         use_cache=False,
     )
     # out.logits[:, t] predicts token t + 1
-    return _next_token_logprobs(out.logits[:, :-1], input_ids[:, 1:], temperature, with_entropy)
+    return next_token_logprobs(out.logits[:, :-1], input_ids[:, 1:], temperature, with_entropy)
 
 
-def _next_token_logprobs(
+def next_token_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) (b, n) of the tempered softmax of `logits` (b, n, V), and its entropy."""
@@ -256,7 +256,7 @@ def _shared_chunk(
     last = out.logits[rows, torch.searchsorted(keep, lengths - 1)]  # (u, V): predicts c_0
     first = last[prompt_of].unsqueeze(1)  # (s, 1, V)
     if completion_ids.shape[1] == 1:
-        return _next_token_logprobs(first, completion_ids, temperature, with_entropy)
+        return next_token_logprobs(first, completion_ids, temperature, with_entropy)
     tokens = completion_attn.sum(dim=1).tolist()  # each row's completion length
     buckets = completion_buckets(tokens, overhead)
     indices = [torch.tensor(b, device=completion_ids.device) for b in buckets]
@@ -267,19 +267,19 @@ def _shared_chunk(
         rest = _completion_logits(model, out.cache, prompt_mask[prompt_of], completion_ids,
                                   completion_attn, lengths[prompt_of])  # fmt: skip
         logits = torch.cat([first, rest], dim=1)  # (s, C, V)
-        return _next_token_logprobs(logits, completion_ids, temperature, with_entropy)
+        return next_token_logprobs(logits, completion_ids, temperature, with_entropy)
     # one forward per length bucket, each on its own copy of its rows' prompt caches; rows
     # of one token are predicted from the prompt alone
     ran = [s for b in buckets for s in b]
     alone = sorted(set(range(completion_ids.shape[0])) - set(ran))
-    parts = [_next_token_logprobs(first[alone], completion_ids[alone, :1], temperature,
+    parts = [next_token_logprobs(first[alone], completion_ids[alone, :1], temperature,
                                   with_entropy)] if alone else []  # fmt: skip
     for bucket, idx, cache in zip(buckets, indices, caches, strict=True):
         w = int(tokens[bucket[-1]])  # a bucket's rows are sorted by length: the last is longest
         ids, attn = completion_ids[idx, :w], completion_attn[idx, :w]
         of = prompt_of[idx]
         rest = _completion_logits(model, cache, prompt_mask[of], ids, attn, lengths[of])
-        parts.append(_next_token_logprobs(torch.cat([first[idx], rest], dim=1), ids,
+        parts.append(next_token_logprobs(torch.cat([first[idx], rest], dim=1), ids,
                                           temperature, with_entropy))  # fmt: skip
     inverse = torch.argsort(torch.tensor(alone + ran, device=completion_ids.device))
 

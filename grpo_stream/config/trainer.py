@@ -41,6 +41,12 @@ class TrainerSettings(BaseModel):
     same log-probs and gradients as the full-sequence forward (training/prompts.py). Used on
     one rank (not under DDP / FSDP2) without gradient_checkpointing, sdpa or eager attention;
     otherwise, or when no prompt repeats, packing applies."""
+    prompt_rows: bool = True
+    """With share_prompts: run a micro-batch whose groups are short as rows, each prompt and
+    all its completions in one row with a 4D attention mask (one forward, no KV cache), when
+    its dense attention costs at most a quarter of the rest of the forward and the model
+    passes a check at the first step (algo/grouped.py); else, or false, the completions run
+    on the prompt's KV cache."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them
     (transformers' activation checkpointing, non-reentrant): less memory, more compute."""

@@ -50,6 +50,7 @@ class SharedPrompts:
     completion_ids: torch.Tensor  # (S, C) long: the tokens after the prompt, right-padded
     completion_attn: torch.Tensor  # (S, C) long
     index: torch.Tensor  # (S, T) long: the completion column of token t, clamped to [0, C)
+    rows: bool = False  # run as one row per prompt (algo/grouped.py), else on its KV cache
 
     def to(self, device: torch.device | str) -> SharedPrompts:
         return SharedPrompts(
@@ -59,6 +60,7 @@ class SharedPrompts:
             self.completion_ids.to(device),
             self.completion_attn.to(device),
             self.index.to(device),
+            self.rows,
         )
 
 

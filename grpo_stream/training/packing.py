@@ -23,7 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -151,21 +151,27 @@ def micro_batches(
 
 
 def plan_micro_batches(
-    t: Tensors, s: TrainerSettings, attn_implementation: str, pad_id: int, share: bool
+    t: Tensors,
+    s: TrainerSettings,
+    attn_implementation: str,
+    pad_id: int,
+    share: bool,
+    as_rows: Callable[[int], bool] = lambda width: False,
 ) -> tuple[list[Tensors], str]:
     """The step's token-budget micro-batches and their layout: with shared prompts
-    (training/prompts.py) where `share` and some prompt repeats ("shared"), else packed or
-    padded (see the module docstring)."""
+    (training/prompts.py) where `share` and some prompt repeats ("rows" when the first runs
+    as rows, `as_rows`, else "shared"), else packed or padded (see the module docstring)."""
     parts = None
     if share:
-        parts = shared_micro_batches(t, s.micro_batch_tokens, s.micro_batch, pad_id)
+        parts = shared_micro_batches(t, s.micro_batch_tokens, s.micro_batch, pad_id, as_rows)
     if parts is None:
         parts = micro_batches(
             t, s.micro_batch_tokens, s.micro_batch, s.packing, attn_implementation, pad_id
         )
     first = parts[0] if parts else None
     layout = (
-        "shared" if first is not None and first.prompts is not None
+        "rows" if first is not None and first.prompts is not None and first.prompts.rows
+        else "shared" if first is not None and first.prompts is not None
         else "packed" if first is not None and first.packing is not None
         else "padded"
     )  # fmt: skip

@@ -16,15 +16,21 @@ Invariants:
 - a micro-batch's forward holds at most `trainer.micro_batch_tokens` token slots (distinct
   prompts x longest prompt + sequences x longest completion) and `trainer.micro_batch`
   sequences; a group larger than that is split, each part running the prompt again.
+
+A micro-batch runs in one of two ways: as rows (`algo.grouped`: each prompt and all its
+completions in one row with a 4D mask, one forward) when its widest row suits that
+(`rows_suit`, given as `as_rows`), else on the prompts' KV cache (`algo.logprobs.
+shared_prompt_logprobs`: the prompts' forward, then one forward per completion length).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from grpo_stream.algo.grouped import grouped_logprobs, row_width
 from grpo_stream.algo.logprobs import shared_prompt_logprobs
 from grpo_stream.training.batch import SharedPrompts, Tensors
 
@@ -103,9 +109,14 @@ def _pieces(
 
 
 def shared_batch(
-    t: Tensors, pieces: Sequence[Piece], splits: Sequence[int], pad_id: int
+    t: Tensors,
+    pieces: Sequence[Piece],
+    splits: Sequence[int],
+    pad_id: int,
+    as_rows: Callable[[int], bool] = lambda width: False,
 ) -> Tensors:
-    """The micro-batch of `pieces`: their sequences' tensors (S, T), split at the prompts."""
+    """The micro-batch of `pieces`: their sequences' tensors (S, T), split at the prompts;
+    as rows when `as_rows(widest row)`."""
     order = [i for piece in pieces for i in piece]
     seqs = t.select(torch.tensor(order, dtype=torch.long)).trimmed()
     split = torch.tensor([splits[i] for i in order], dtype=torch.long)  # (S,)
@@ -127,24 +138,30 @@ def shared_batch(
     completion_ids = seqs.input_ids.gather(1, source).masked_fill(completion_attn == 0, pad_id)
     steps_t = torch.arange(seqs.input_ids.shape[1])
     index = (steps_t - split.unsqueeze(1)).clamp(0, width_c - 1)  # (S, T) into C
+    rows = as_rows(row_width(prompt_mask, prompt_of, completion_attn))
     seqs.prompts = SharedPrompts(
-        prompt_ids, prompt_mask, prompt_of, completion_ids, completion_attn, index
+        prompt_ids, prompt_mask, prompt_of, completion_ids, completion_attn, index, rows
     )
     return seqs
 
 
 def shared_micro_batches(
-    t: Tensors, budget: int, max_seqs: int, pad_id: int
+    t: Tensors,
+    budget: int,
+    max_seqs: int,
+    pad_id: int,
+    as_rows: Callable[[int], bool] = lambda width: False,
 ) -> list[Tensors] | None:
     """The step's shared-prompt micro-batches; None when no prompt repeats (nothing to
-    share: packing does as well)."""
+    share: packing does as well). `as_rows(width)`: whether a micro-batch whose widest row
+    (a prompt and its completions) is `width` tokens runs as rows."""
     splits = prompt_splits(t)
     groups = prompt_groups(t, splits)
     if len(groups) == t.size:
         return None
     lengths = [int(v) for v in t.attention_mask.sum(dim=1).tolist()]
     batches = plan(groups, splits, lengths, budget, max_seqs)
-    return [shared_batch(t, pieces, splits, pad_id) for pieces in batches]
+    return [shared_batch(t, pieces, splits, pad_id, as_rows) for pieces in batches]
 
 
 def shared_logprobs(
@@ -154,7 +171,8 @@ def shared_logprobs(
     sp = part.prompts
     if sp is None:
         raise ValueError("shared_logprobs needs a micro-batch built by shared_micro_batches")
-    logp, entropy = shared_prompt_logprobs(
+    run = grouped_logprobs if sp.rows else shared_prompt_logprobs  # same arguments
+    logp, entropy = run(
         model,
         sp.prompt_ids,
         sp.prompt_mask,

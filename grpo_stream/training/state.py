@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 import torch
 
+from grpo_stream.algo.grouped import rows_suit, rows_work
 from grpo_stream.algo.logprobs import shared_prompts_supported
 from grpo_stream.algo.loss import grpo_loss
 from grpo_stream.algo.regularizer import GradRegularizer
@@ -96,7 +97,8 @@ class TrainState:
     device: str = "cpu"  # where the policy, reference, optimizer state and batches live
     precision: Precision = field(default_factory=lambda: Precision("fp32", "cpu"))
     staging: HostStaging | None = None  # pinned device -> host buffer for publishing (GPU)
-    layout: str = ""  # the last step's micro-batch layout: shared, packed or padded
+    layout: str = ""  # the last step's micro-batch layout: rows, shared, packed or padded
+    rows_ok: bool = False  # trainer.prompt_rows applies: the model passed grouped.rows_work
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
@@ -124,6 +126,9 @@ class TrainState:
             restore_trainer_state(state, ckpt, sent)
         if world > 1 and not sharded:
             state.ddp = wrap_ddp(model, device, t.ddp_bucket_mb)
+        if t.prompt_rows and state._shares_prompts(str(model.config._attn_implementation)):
+            state.rows_ok = rows_work(model)
+            log.info("trainer.prompt_rows", works=state.rows_ok)
         state.guard.snapshot(model, optimizer, state.regularizer, state.step, scheduler)
         return state
 
@@ -325,10 +330,19 @@ class TrainState:
         """The step's token-budget micro-batches (`packing.plan_micro_batches`), on the
         device; their layout is kept for the step's metrics."""
         impl = str(self.model.config._attn_implementation)
+        share = self._shares_prompts(impl)
         parts, self.layout = plan_micro_batches(
-            t, self.cfg.trainer, impl, self._pad_id(), self._shares_prompts(impl)
+            t, self.cfg.trainer, impl, self._pad_id(), share, self._as_rows(share)
         )
         return [part.to(self.device) for part in parts]
+
+    def _as_rows(self, share: bool) -> Callable[[int], bool]:
+        """Which shared-prompt micro-batches run as rows (trainer.prompt_rows): those whose
+        widest group `rows_suit` the model, when the model passed `rows_work` at start."""
+        if not (share and self.rows_ok):
+            return lambda width: False
+        config = self.model.config
+        return lambda width: rows_suit(width, config)
 
     def _shares_prompts(self, attn_implementation: str) -> bool:
         """trainer.share_prompts applies: one rank (DDP's reducer and FSDP2's collectives

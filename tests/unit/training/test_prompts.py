@@ -1,5 +1,6 @@
 """Shared-prompt micro-batches: grouping by prompt tokens, the plan, the layout, and the
-trainer's gradients equal to the padded computation's (float32 and float64)."""
+trainer's gradients equal to the padded computation's (float32 and float64), as rows and on
+the prompts' KV cache; wide groups run on the cache."""
 
 from __future__ import annotations
 
@@ -161,18 +162,27 @@ def test_shared_layout_rebuilds_every_sequence() -> None:
 # ---- the trainer ----------------------------------------------------------------------------
 
 
-def test_shared_gradients_equal_padded_in_float32(tmp_path: Path) -> None:
+ROWS = {True: "trainer.prompt_rows=true", False: "trainer.prompt_rows=false"}
+"""Shared prompts as rows (one forward, a 4D mask) or on the prompts' KV cache."""
+
+
+@pytest.mark.parametrize("rows", [True, False])
+def test_shared_gradients_equal_padded_in_float32(tmp_path: Path, rows: bool) -> None:
     batch = _batch()
-    shared = _state(tmp_path / "a", SHARED)
+    shared = _state(tmp_path / "a", [*SHARED, ROWS[rows]])
     parts = shared._micro_batches(_tensors(batch))
     assert len(parts) > 2 and all(p.prompts is not None for p in parts)
+    assert all(p.prompts is not None and p.prompts.rows == rows for p in parts)
+    assert shared.layout == ("rows" if rows else "shared")
     diff = _rel_diff(_grads(shared, batch), _grads(_state(tmp_path / "b", PADDED), batch))
     assert diff <= 1e-5
 
 
-def test_shared_gradients_equal_padded_in_float64_with_kl(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rows", [True, False])
+def test_shared_gradients_equal_padded_in_float64_with_kl(tmp_path: Path, rows: bool) -> None:
     over = ["algo.loss.beta=0.1"]  # the reference model's log-probs share prompts too
-    states = [_state(tmp_path / str(i), over + mode) for i, mode in enumerate((SHARED, PADDED))]
+    modes = ([*SHARED, ROWS[rows]], PADDED)
+    states = [_state(tmp_path / str(i), over + mode) for i, mode in enumerate(modes)]
     for s in states:
         s.model.double()
         s.ref_model.double()
@@ -186,3 +196,15 @@ def test_gradient_checkpointing_falls_back_to_packing(tmp_path: Path) -> None:
     state = _state(tmp_path, ["trainer.gradient_checkpointing=true"])
     parts = state._micro_batches(_tensors(_batch()))
     assert all(p.prompts is None and p.packing is not None for p in parts)
+
+
+def test_groups_too_wide_for_rows_run_on_the_prompts_cache(tmp_path: Path) -> None:
+    state = _state(tmp_path, SHARED)
+    assert state.rows_ok
+    t = _tensors(_batch())
+    assert state._micro_batches(t) and state.layout == "rows"
+    config = state.model.config  # rows_suit reads the sizes from the config: make every row
+    config.hidden_size = config.intermediate_size = 1  # too wide, 2W / (4 + 3) > 0.25
+    parts = state._micro_batches(t)
+    assert all(p.prompts is not None and not p.prompts.rows for p in parts)
+    assert state.layout == "shared"

@@ -1,0 +1,166 @@
+"""Grouped rows (a prompt and all its completions in one row, a 4D mask) against each
+sequence's own forward: values, entropies and gradients, on tiny Qwen2 (sdpa and eager)
+and GPT-2; the mask's structure; the model check; the width rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from grpo_stream.algo.grouped import (
+    attention_share,
+    build_rows,
+    grouped_logprobs,
+    rows_suit,
+    rows_work,
+)
+from grpo_stream.models import testing
+
+PROMPTS = [[1, 10, 11], [1, 12, 13, 14, 15], [3]]
+COMPLETIONS = [[5, 6, 2], [7], [8, 9, 4, 6], [11, 12], [13, 3, 2], [14, 15, 1, 2, 3, 4]]
+PROMPT_OF = [0, 0, 0, 1, 1, 2]
+
+
+def shared_layout() -> dict[str, torch.Tensor]:
+    """The distinct prompts and the completions, each right-padded (training/prompts.py's
+    SharedPrompts fields)."""
+
+    def padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+        return ids, mask
+
+    prompt_ids, prompt_mask = padded(PROMPTS)
+    completion_ids, completion_attn = padded(COMPLETIONS)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "prompt_of": torch.tensor(PROMPT_OF),
+        "completion_ids": completion_ids,
+        "completion_attn": completion_attn,
+    }
+
+
+def grads(model: Any) -> dict[str, torch.Tensor]:
+    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def own_forward(model: Any, temperature: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per sequence, alone (no padding, no mask): log p(c_j | prompt, c_<j) of the tempered
+    softmax and its entropy, straight from the definition."""
+    logps, entropies = [], []
+    for s, completion in enumerate(COMPLETIONS):
+        prompt = PROMPTS[PROMPT_OF[s]]
+        seq = torch.tensor([prompt + completion])
+        logits = model(input_ids=seq).logits[0].float() / temperature  # (L, V)
+        at = logits[len(prompt) - 1 : len(seq[0]) - 1]  # the positions predicting c_0 .. c_n-1
+        logp = torch.log_softmax(at, dim=-1)
+        logps.append(logp.gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1))
+        entropies.append(-(logp.exp() * logp).sum(dim=1).detach())
+    return logps, entropies
+
+
+def models() -> dict[str, Any]:
+    return {
+        "qwen2-sdpa": testing.tiny_qwen2(16, 0, hidden=16, intermediate=32),
+        "qwen2-eager": testing.tiny_qwen2(
+            16, 0, hidden=16, intermediate=32, attn_implementation="eager"
+        ),
+        "gpt2": testing.tiny_gpt2(16, 0),
+    }
+
+
+@pytest.mark.parametrize("name", ["qwen2-sdpa", "qwen2-eager", "gpt2"])
+@pytest.mark.parametrize("chunk", [1, 2, 64])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rows_give_each_sequences_own_logprobs(name: str, chunk: int, temperature: float) -> None:
+    torch.set_num_threads(1)
+    model = models()[name]
+    want, want_ent = own_forward(model, temperature)
+    logp, ent = grouped_logprobs(model, **shared_layout(), chunk=chunk,
+                                 temperature=temperature)  # fmt: skip
+    for s, completion in enumerate(COMPLETIONS):
+        n = len(completion)
+        torch.testing.assert_close(logp[s, :n], want[s], rtol=0, atol=1e-5)
+        torch.testing.assert_close(ent[s, :n], want_ent[s], rtol=0, atol=1e-5)
+        assert bool((logp[s, n:] == 0).all()) and bool((ent[s, n:] == 0).all())
+
+
+@pytest.mark.parametrize("name", ["qwen2-sdpa", "gpt2"])
+def test_rows_give_each_sequences_own_gradients(name: str) -> None:
+    torch.set_num_threads(1)
+    model = models()[name]
+    weights = torch.linspace(-1.0, 1.0, len(COMPLETIONS))  # every sequence its own weight
+    want, _ = own_forward(model, 0.7)
+    sum(w * lp.sum() for w, lp in zip(weights, want, strict=True)).backward()  # type: ignore[union-attr]
+    expected = grads(model)
+    logp, _ = grouped_logprobs(model, **shared_layout(), chunk=2, temperature=0.7)
+    (logp * weights.unsqueeze(1)).sum().backward()
+    got = grads(model)
+    assert got.keys() == expected.keys()
+    scale = max(float(g.abs().max()) for g in expected.values())
+    assert scale > 0
+    for key, g in expected.items():
+        torch.testing.assert_close(got[key], g, rtol=0, atol=1e-5 * max(scale, 1.0))
+
+
+def test_a_completion_sees_its_prompt_and_itself_only() -> None:
+    data = shared_layout()
+    rows = build_rows(**data)
+    row = 0  # prompt [1, 10, 11], completions [5, 6, 2], [7], [8, 9, 4, 6]
+    assert rows.input_ids[row].tolist() == [1, 10, 11, 5, 6, 2, 7, 8, 9, 4, 6]
+    assert rows.position_ids[row].tolist() == [0, 1, 2, 3, 4, 5, 3, 3, 4, 5, 6]
+    allowed = rows.allowed[row, 0]
+    sees = {q: [k for k in range(allowed.shape[1]) if allowed[q, k]] for q in range(11)}
+    assert sees[1] == [0, 1]  # a prompt token: the prompt before it
+    assert sees[5] == [0, 1, 2, 3, 4, 5]  # completion 0's last token: prompt + completion 0
+    assert sees[6] == [0, 1, 2, 6]  # completion 1: not completion 0
+    assert sees[9] == [0, 1, 2, 7, 8, 9]  # completion 2: not 0, not 1
+    # row 2: prompt [3], one completion; its pads see only themselves
+    short = rows.allowed[2, 0]
+    width = short.shape[0]
+    for q in range(1 + 6, width):
+        assert [k for k in range(width) if short[q, k]] == [q]
+    assert rows.input_ids.shape[1] == max(
+        len(PROMPTS[u]) + sum(len(c) for s, c in enumerate(COMPLETIONS) if PROMPT_OF[s] == u)
+        for u in range(len(PROMPTS))
+    )
+
+
+def test_rows_work_on_transformers_models() -> None:
+    for model in models().values():
+        assert rows_work(model)
+
+
+def test_a_model_that_ignores_the_mask_fails_the_check() -> None:
+    class OwnCausalMask(torch.nn.Module):
+        """Drops the 4D mask and the position ids: completions would see each other."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = testing.tiny_qwen2(16, 0, hidden=16, intermediate=32)
+            self.config = self.inner.config
+
+        def forward(self, input_ids: Any, attention_mask: Any = None, **kw: Any) -> Any:
+            return self.inner(input_ids=input_ids, use_cache=False)
+
+    assert not rows_work(OwnCausalMask())
+
+
+def test_chunk_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="chunk"):
+        grouped_logprobs(models()["gpt2"], **shared_layout(), chunk=0)
+
+
+def test_attention_share_is_the_ratio_of_the_formula() -> None:
+    qwen = testing.qwen2_config(16, hidden=128, intermediate=640)
+    assert attention_share(304, qwen) == pytest.approx(2 * 304 / (4 * 128 + 3 * 640))
+    assert rows_suit(304, qwen) and not rows_suit(305, qwen)  # 0.25 at W = 304
+    gpt2 = testing.tiny_gpt2(16, 0).config  # n_embd 16, n_inner None: 4 x n_embd
+    assert attention_share(10, gpt2) == pytest.approx(20 / (64 + 3 * 64))
