@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import TINY_MODEL, add_smoke, environment, parse, results_path
-from bench.vs_trl_step import make_batch, make_state
+from bench.vs_trl_step import make_batch, make_state, with_model_logprobs
 
 COMPUTE = "forward and backward"
 PARTS: dict[str, tuple[str, str]] = {
@@ -88,22 +88,6 @@ def timed_parts(totals: dict[str, float]) -> Iterator[None]:
     finally:
         for owner, attr, fn in saved:
             setattr(owner, attr, fn)
-
-
-def with_model_logprobs(batch: Any, state: Any) -> Any:
-    """`batch` with behaviour log-probs from `state`'s model itself, so the update is an
-    ordinary one (random ones make ratios that trip the rollback guard every few steps)."""
-    import torch
-
-    from grpo_stream.algo.logprobs import token_logprobs
-    from grpo_stream.training.batch import to_tensors
-
-    t = to_tensors(batch, state._pad_id())
-    with torch.no_grad():
-        logp, _ = token_logprobs(state.model, t.input_ids, t.attention_mask, t.completion_mask,
-                                 chunk=t.size, with_entropy=False)  # fmt: skip
-    batch.behaviour_logprobs = logp[t.completion_mask].numpy()
-    return batch
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

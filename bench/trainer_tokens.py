@@ -134,7 +134,9 @@ def throughput(args: argparse.Namespace, model: str, tmp: Path) -> dict[str, Any
         "padded": make_state(args, model, tmp / "padded", "trainer.packing=false", own),
         "packed": make_state(args, model, tmp / "packed", "trainer.packing=true", own),
         "checkpointed": make_state(args, model, tmp / "checkpointed", *ckpt),
-        "shared": make_state(args, model, tmp / "shared", "trainer.share_prompts=true"),
+        "shared": make_state(
+            args, model, tmp / "shared", "trainer.share_prompts=true", "trainer.prompt_rows=false"
+        ),  # shared prompts on the KV cache (rows: bench.vs_trl_step, short groups)
     }
     layout = {"padded": "padded", "packed": "packed", "checkpointed": "packed", "shared": "shared"}
     seconds: dict[str, list[float]] = {name: [] for name in sides}

@@ -1,15 +1,19 @@
-"""The trainer's step on bench.vs_trl's batch shape: shared prompts against packed rows.
+"""The trainer's step on bench.vs_trl's batch shape: prompt rows, shared prompts on the KV
+cache, and packed sequences.
 
-Two TrainStates of the same model (trainer.share_prompts on / off, everything else
-bench.vs_trl's: grpo aggregation, beta 0, lr 2e-4) train the same batches, alternating step
-by step in one process, so load on a shared machine hits both alike. A batch: --prompts
-prompts of the task (`task.problem(i)`, the tokenizer's ids) x G completions of uniform
-random length 1..--max-tokens, random tokens, behaviour log-probs and advantages: what a
-generator would send, without generating. Warm-up steps first; `--profile` then runs
-torch.profiler over a few steps of each side and prints the top ops by self CPU time.
+Three TrainStates of the same model (trainer.share_prompts and trainer.prompt_rows on; share
+on, rows off; share off; everything else bench.vs_trl's: grpo aggregation, beta 0, lr 2e-4)
+train the same batches, alternating step by step in one process, so load on a shared machine
+hits them alike. A batch: --prompts prompts of the task (`task.problem(i)`, the
+tokenizer's ids) x G completions of uniform random length 1..--max-tokens, random tokens and
+advantages, behaviour log-probs from the model (`with_model_logprobs`: random ones trip the
+rollback guard every few steps): what a generator would send, without generating. Warm-up
+steps first; `--profile` then runs torch.profiler over a few steps of each side and prints
+the top ops by self CPU time.
 
 Run: python -m bench.vs_trl_step --model PATH [--steps 6] [--threads 1] [--profile]
-Last line: `ratio packed/shared step seconds: R`.
+Before the last line: `ratio shared/rows step seconds: R`. Last line: `ratio packed/shared
+step seconds: R`.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ def make_batch(args: argparse.Namespace, tokenizer: Any, task: Any, step: int) -
     return build_batch(step, groups)
 
 
-def make_state(args: argparse.Namespace, run_dir: Path, share: bool) -> Any:
+def make_state(args: argparse.Namespace, run_dir: Path, share: bool, rows: bool = True) -> Any:
     from grpo_stream.config import load_config
     from grpo_stream.training.state import TrainState
 
@@ -90,8 +94,25 @@ def make_state(args: argparse.Namespace, run_dir: Path, share: bool) -> Any:
         'algo.loss.aggregation="grpo"',
         "algo.loss.beta=0.0",
         f"trainer.share_prompts={str(share).lower()}",
+        f"trainer.prompt_rows={str(rows).lower()}",
     ]
     return TrainState.create(load_config(None, overrides))
+
+
+def with_model_logprobs(batch: Any, state: Any) -> Any:
+    """`batch` with behaviour log-probs from `state`'s model itself, so the update is an
+    ordinary one (random ones make ratios that trip the rollback guard every few steps)."""
+    import torch
+
+    from grpo_stream.algo.logprobs import token_logprobs
+    from grpo_stream.training.batch import to_tensors
+
+    t = to_tensors(batch, state._pad_id())
+    with torch.no_grad():
+        logp, _ = token_logprobs(state.model, t.input_ids, t.attention_mask, t.completion_mask,
+                                 chunk=t.size, with_entropy=False)  # fmt: skip
+    batch.behaviour_logprobs = logp[t.completion_mask].numpy()
+    return batch
 
 
 def top_ops(state: Any, batches: list[Any], rows: int = 12) -> str:
@@ -114,11 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
     task = make_task(TaskSettings(name=args.task))
-    seconds: dict[str, list[float]] = {"shared": [], "packed": []}
+    seconds: dict[str, list[float]] = {"rows": [], "shared": [], "packed": []}
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
-        sides = {name: make_state(args, Path(tmp) / name, name == "shared") for name in seconds}
+        sides = {
+            name: make_state(args, Path(tmp) / name, name != "packed", name == "rows")
+            for name in seconds
+        }
         for step in range(args.warmup + args.steps):
-            batch = make_batch(args, tokenizer, task, step)
+            batch = with_model_logprobs(make_batch(args, tokenizer, task, step), sides["packed"])
             for name, state in sides.items():
                 t0 = time.perf_counter()
                 if not state.train_step(batch).applied:
@@ -137,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"args": vars(args), "load_average": env["load_average"], "step_s": seconds}))
     for name, m in medians.items():
         print(f"{name:7s} median step {m:.3f} s")
+    print(f"ratio shared/rows step seconds: {medians['shared'] / medians['rows']:.2f}")
     print(f"ratio packed/shared step seconds: {medians['packed'] / medians['shared']:.2f}")
 
 
