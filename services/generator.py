@@ -29,7 +29,6 @@ from grpo_stream.engines.inflight import InflightEngine
 from grpo_stream.engines.streaming import StreamingEngine
 from grpo_stream.envs.service import Player, episode_rollout
 from grpo_stream.hub.payload_store import PayloadOutbox, Sender
-from grpo_stream.launch import lending
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.services.generator_stream import Hooks, StreamLoop
@@ -114,12 +113,9 @@ class Generator:
         while not self.stop.set:
             idle = not self.queue
             t0 = time.perf_counter()
-            if idle:  # waiting for work (credits outstanding, nothing to do): lend the core
-                with lending.waiting():
-                    self._receive(timeout_ms=50)
+            self._receive(timeout_ms=0 if self.queue else 50)
+            if idle:  # time spent waiting for work (credits outstanding, nothing to do)
                 self.wait_s += time.perf_counter() - t0
-            else:
-                self._receive(timeout_ms=0)
             self._poll_weights()
             if not self.queue:
                 continue
@@ -183,8 +179,7 @@ class Generator:
             self._fetch_weights()
         if self._version_ready(min_version):
             return True
-        with lending.waiting():  # its core works for the trainer meanwhile
-            self._receive(timeout_ms=20)  # let the trainer publish
+        self._receive(timeout_ms=20)  # let the trainer publish
         return False
 
     def _version_ready(self, min_version: int) -> bool:

@@ -35,7 +35,6 @@ from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_HUB_GONE
 from grpo_stream.hub.payload_refs import fetch_batch
 from grpo_stream.hub.payload_store import PayloadFetcher
-from grpo_stream.launch import lending
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import TrainBatchRef
 from grpo_stream.session.service import Join, Session, run_service
@@ -68,7 +67,6 @@ class Trainer:
         self.stop = link.stop
         self.run_dir = Path(self.cfg.run.run_dir)
         self.state = TrainState.create(self.cfg, resume=resume)
-        lending.follow_layers(self.state.model)  # takes a waiting generator's core per layer
         self.versions = VersionMark(self.run_dir)
         if resume:
             self._continue_versions()
@@ -157,8 +155,7 @@ class Trainer:
     def serve(self) -> bool:
         """Train until max_steps (True) or a stop request (False)."""
         while self.state.step < self.cfg.run.max_steps and not self.stop.set:
-            with lending.waiting():  # its core works for a generator meanwhile
-                batch, waited = self._next_batch()
+            batch, waited = self._next_batch()
             if batch is None:
                 break
             self.wait_total += waited

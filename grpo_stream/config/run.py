@@ -55,12 +55,6 @@ class RunSettings(BaseModel):
     """torch intra-op threads per torch service process (CPU): a number for each, or "auto":
     `up` splits its machine's cores among the trainer and generators it starts there, each
     pinned to its own (grpo_stream.launch.threads)."""
-    lend_cores: bool = True
-    """With torch_threads = "auto" giving each torch service on a machine one thread,
-    unpinned (no more cores than services, e.g. a trainer and a generator on 2 cores): a
-    service that waits lends its core to the others, which take it at their next decoder
-    layer or decoding step and give it back as soon as it computes again
-    (grpo_stream.launch.lending)."""
     sinks: list[Literal["tensorboard", "wandb"]] = []
     """Metric sinks beside metrics.jsonl (TensorBoard event files, Weights & Biases)."""
     restarts: int = Field(3, ge=0)

@@ -23,8 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from grpo_stream.launch import lending
-
 if TYPE_CHECKING:
     import torch
 
@@ -140,7 +138,6 @@ class Decoder:
         logprobs: list[torch.Tensor] = []
         step_versions: list[int] = []
         for step in range(max_tokens):
-            lending.follow()  # the cores a waiting trainer lends (launch/lending.py)
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
             tok = draw(logp, top_p, generator)  # (B,)
             tokens.append(tok)

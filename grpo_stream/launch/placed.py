@@ -145,8 +145,7 @@ def placed_services(
                        if s.host == "local" or hosts[s.host].launcher in SAME_MACHINE]  # fmt: skip
     if cfg.run.torch_threads == "auto":
         shares = run_shares(Path(cfg.run.run_dir), cfg.generator.count)
-        board = Path(cfg.run.run_dir) if cfg.run.lend_cores else None
-        size_specs(cfg.run.torch_threads, on_this_machine, shares=shares, board=board)
+        size_specs(cfg.run.torch_threads, on_this_machine, shares=shares)
     return out
 
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from grpo_stream.launch import lending
 from grpo_stream.launch.supervisor import ServiceSpec
 from grpo_stream.training.metrics import read_metrics
 
@@ -174,30 +173,19 @@ def size_specs(
     specs: Sequence[tuple[ServiceSpec, int]],
     cores: Sequence[int] | None = None,
     shares: Mapping[str, float] = BUSY_SHARES,
-    board: Path | None = None,
 ) -> None:
     """With auto, add each torch service's thread plan to its environment (a number reaches
     the services in the config). `specs`: the services this machine starts, each with its
-    process count (a trainer node: its ranks, else 1). `board`: the run directory, when
-    `run.lend_cores`: its torch services then lend each other their cores while they wait
-    (grpo_stream.launch.lending), where `lending.lends` their plans."""
+    process count (a trainer node: its ranks, else 1)."""
     if setting != "auto":
         return
     kinds = [spec.service for spec, n in specs for _ in range(n)]
     plans = iter(service_plans(setting, kinds, cores, shares))
-    sized_specs: list[tuple[ServiceSpec, ThreadPlan, int]] = []
     for spec, n in specs:
         group = [next(plans) for _ in range(n)]
         sized = [p for p in group if p is not None]
         if sized:
-            sized_specs.append((spec, node_plan(sized), n))
-    lend = board is not None and lending.lends(
-        [plan for _, plan, _ in sized_specs], [n for _, _, n in sized_specs]
-    )
-    for slot, (spec, plan, _) in enumerate(sized_specs):
-        spec.env = {**spec.env, **plan.env()}
-        if lend and board is not None:
-            spec.env.update(lending.board_env(board, slot, len(sized_specs)))
+            spec.env = {**spec.env, **node_plan(sized).env()}
 
 
 def plan_from_env(setting: TorchThreads, environ: Mapping[str, str]) -> ThreadPlan:

@@ -30,7 +30,7 @@ from grpo_stream.config import ConfigError, RunConfig, config_from_dict
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.exits import EXIT_CONFIG_CHANGED
 from grpo_stream.hub.auth import session_key, sign
-from grpo_stream.launch import lending, threads
+from grpo_stream.launch import threads
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
@@ -368,8 +368,7 @@ def run_service(join: Join, body: Callable[[Session], int], heavy: bool = True) 
         raise
     if heavy:
         threads.set_torch_threads(threads.plan_from_env(cfg.run.torch_threads, os.environ))
-        lent = lending.join(os.environ)
-        log.info("service.threads", lends=lent, **threads.current())
+        log.info("service.threads", **threads.current())
     reason = "error"  # body raised
     try:
         code = body(session)
