@@ -1,25 +1,27 @@
 """Log-probs of completions that share a prompt, each prompt and its completions in one row.
 
-A row holds a prompt once and then each of its completions: [p | c_1 | c_2 | ...]. A 4D
-attention mask lets each completion token see its prompt and its own earlier tokens, never
-another completion's, and the position ids of every completion restart after the prompt
-(completion k's token j at position P + j, as in its own sequence). So every completion
-token's log-prob is the same function of the weights as in its sequence's own forward,
-each prompt runs once, and a micro-batch is one forward and one backward over dense rows:
-no per-length forwards and no KV cache, as `logprobs.shared_prompt_logprobs` needs.
+A group (a prompt and its completions) lies in one row: [p | c_1 | c_2 | ...], and short
+groups share a row (first-fit within the widest group's width). A 4D attention mask lets
+each completion token see its own prompt and its own earlier tokens, never another
+completion's or another group's, and the position ids of every completion restart after
+its prompt (completion k's token j at position P + j, as in its own sequence). So every
+completion token's log-prob is the same function of the weights as in its sequence's own
+forward, each prompt runs once, and a micro-batch is one forward and one backward over
+dense rows: no per-length forwards and no KV cache, as `logprobs.shared_prompt_logprobs`
+needs.
 
 The price is dense attention over a row (W x W per row and layer, the masked entries
 computed too), so rows suit short groups: `rows_suit` keeps that under `MAX_ATTENTION_SHARE`
-of the row's other compute. Measured on the tiny model (bench.vs_trl's base batch, CPU):
-the same step time as the per-length forwards on one thread, ~1.6x faster on two (larger
-matrix products scale across threads, docs/results.md).
+of the row's other compute. Measured on the tiny model at bench.vs_trl's base shape (CPU,
+docs/results.md): faster than the per-length forwards on one thread, more so on two
+(larger matrix products scale across threads).
 
 Invariants:
 - `[s, j]` is log p(completion_ids[s, j] | prompt, completion_ids[s, :j]) of the tempered
   distribution, 0 on padding; it equals the sequence's own forward up to float rounding
   (tests/unit/algo/test_grouped.py checks values and gradients against it);
-- a row's prompt tokens see only earlier prompt tokens; pads see only themselves (no row
-  of the softmax is empty);
+- a prompt token sees only its own prompt's earlier tokens; pads see only themselves (no
+  row of the softmax is empty);
 - `rows_work(model)` must hold before a model is given rows: it checks on a tiny input that
   the model applies a 4D mask and position ids as given (a model that rebuilt its own
   causal mask would let completions see each other).
@@ -32,6 +34,7 @@ from typing import Any
 
 import torch
 
+from grpo_stream.algo.bins import first_fit_rows
 from grpo_stream.algo.logprobs import next_token_logprobs, token_logprobs
 
 MAX_ATTENTION_SHARE = 0.25
@@ -43,9 +46,9 @@ MAX_ATTENTION_SHARE = 0.25
 class Rows:
     """A micro-batch's groups laid out one per row."""
 
-    input_ids: torch.Tensor  # (U, W) long
-    position_ids: torch.Tensor  # (U, W) long
-    allowed: torch.Tensor  # (U, 1, W, W) bool: query q may attend to key k
+    input_ids: torch.Tensor  # (R, W) long
+    position_ids: torch.Tensor  # (R, W) long
+    allowed: torch.Tensor  # (R, 1, W, W) bool: query q may attend to key k
     row: torch.Tensor  # (S,) long: each completion's row
     column: torch.Tensor  # (S, C) long: the column whose logits predict token (s, j)
 
@@ -87,40 +90,61 @@ def build_rows(
     completion_attn: torch.Tensor,
 ) -> Rows:
     """The rows of `prompt_ids`, `prompt_mask` (U, P) (distinct prompts, right-padded),
-    `prompt_of` (S,) non-decreasing and `completion_ids`, `completion_attn` (S, C). Pads
-    hold token 0: no other token sees them and their logits are never read."""
+    `prompt_of` (S,) non-decreasing and `completion_ids`, `completion_attn` (S, C). A group
+    (a prompt and its completions) never spans two rows; groups share a row first-fit
+    (algo/bins.py) within the widest group's width, so short groups do not pad to the
+    longest. Pads hold token 0: no other token sees them and their logits are never read."""
     device = prompt_ids.device
-    prompt_len, comp_len, row_len = _widths(prompt_mask, prompt_of, completion_attn)
-    units, seqs, width = prompt_ids.shape[0], completion_ids.shape[0], int(row_len.max())
-    # each completion's first column: its prompt's length plus its group's earlier tokens
+    prompt_len, comp_len, unit_len = _widths(prompt_mask, prompt_of, completion_attn)
+    seqs, width = completion_ids.shape[0], int(unit_len.max())
+    bins = first_fit_rows(unit_len.tolist(), width, len(unit_len))
+    row_of = torch.empty(len(unit_len), dtype=torch.long)
+    offset = torch.empty(len(unit_len), dtype=torch.long)
+    for b, members in enumerate(bins):
+        at = 0
+        for u in members:
+            row_of[u], offset[u] = b, at
+            at += int(unit_len[u])
+    row_of, offset = row_of.to(device), offset.to(device)
+    # each completion's first column: its group's offset and prompt, then its earlier tokens
     before = torch.cumsum(comp_len, dim=0) - comp_len  # (S,) tokens of earlier completions
-    first_of = torch.searchsorted(prompt_of, torch.arange(units, device=device))  # (U,)
-    start = prompt_len[prompt_of] + before - before[first_of.clamp(max=seqs - 1)][prompt_of]
+    first_of = torch.searchsorted(prompt_of, torch.arange(len(unit_len), device=device))  # (U,)
+    within = before - before[first_of.clamp(max=seqs - 1)][prompt_of]  # (S,)
+    start = offset[prompt_of] + prompt_len[prompt_of] + within
     steps_c = torch.arange(completion_ids.shape[1], device=device)
     valid = steps_c < comp_len.unsqueeze(1)  # (S, C)
-    ids = torch.zeros((units, width), dtype=torch.long, device=device)
-    pos = torch.zeros((units, width), dtype=torch.long, device=device)
-    seg = torch.full((units, width), -2, dtype=torch.long, device=device)  # pad
+    shape = (len(bins), width)
+    ids = torch.zeros(shape, dtype=torch.long, device=device)
+    pos = torch.zeros(shape, dtype=torch.long, device=device)
+    owner = torch.full(shape, -1, dtype=torch.long, device=device)  # the group; -1: pad
+    seg = torch.full(shape, -2, dtype=torch.long, device=device)  # -1 prompt, s completion
     steps_p = torch.arange(prompt_ids.shape[1], device=device)
     in_prompt = steps_p < prompt_len.unsqueeze(1)  # (U, P)
-    ids[:, : prompt_ids.shape[1]][in_prompt] = prompt_ids[in_prompt].long()
-    pos[:, : prompt_ids.shape[1]] = torch.where(in_prompt, steps_p, 0)
-    seg[:, : prompt_ids.shape[1]][in_prompt] = -1  # prompt
+    pr = row_of.unsqueeze(1).expand_as(in_prompt)[in_prompt]
+    pc = (offset.unsqueeze(1) + steps_p)[in_prompt]
+    ids[pr, pc] = prompt_ids[in_prompt].long()
+    pos[pr, pc] = steps_p.expand_as(in_prompt)[in_prompt]
+    owner[pr, pc] = (
+        torch.arange(len(unit_len), device=device).unsqueeze(1).expand_as(in_prompt)[in_prompt]
+    )
+    seg[pr, pc] = -1
     cols = start.unsqueeze(1) + steps_c  # (S, C)
-    rows_sc = prompt_of.unsqueeze(1).expand_as(cols)
-    r, c = rows_sc[valid], cols[valid]
+    r, c = row_of[prompt_of].unsqueeze(1).expand_as(cols)[valid], cols[valid]
     ids[r, c] = completion_ids[valid].long()
     pos[r, c] = (prompt_len[prompt_of].unsqueeze(1) + steps_c).expand_as(cols)[valid]
+    owner[r, c] = prompt_of.unsqueeze(1).expand_as(cols)[valid]
     seg[r, c] = torch.arange(seqs, device=device).unsqueeze(1).expand_as(cols)[valid]
     q = torch.arange(width, device=device)
     causal = q.unsqueeze(1) >= q.unsqueeze(0)  # (W, W)
-    seg_q, seg_k = seg.unsqueeze(2), seg.unsqueeze(1)  # (U, W, 1), (U, 1, W)
-    sees = ((seg_k == -1) & (seg_q != -2)) | ((seg_q == seg_k) & (seg_q >= 0))
+    own_q, own_k = owner.unsqueeze(2), owner.unsqueeze(1)  # (R, W, 1), (R, 1, W)
+    seg_q, seg_k = seg.unsqueeze(2), seg.unsqueeze(1)
+    sees = (own_q == own_k) & (own_q >= 0) & ((seg_k == -1) | (seg_q == seg_k))
     allowed = (causal & sees) | torch.eye(width, dtype=torch.bool, device=device)
-    # token (s, 0) is predicted at the prompt's last column, token (s, j) at column start+j-1
-    # (its padding too: any column right of the first model column the LM head runs on)
-    column = torch.where(valid & (steps_c > 0), cols - 1, (prompt_len[prompt_of] - 1).unsqueeze(1))
-    return Rows(ids, pos, allowed.unsqueeze(1), prompt_of, column)
+    # token (s, 0) is predicted at its prompt's last column, token (s, j) at column start+j-1
+    # (padding too: any column at or right of the first one the LM head runs on)
+    last = (offset + prompt_len - 1)[prompt_of].unsqueeze(1)
+    column = torch.where(valid & (steps_c > 0), cols - 1, last)
+    return Rows(ids, pos, allowed.unsqueeze(1), row_of[prompt_of], column)
 
 
 def _mask(allowed: torch.Tensor, model: Any) -> torch.Tensor:
@@ -149,31 +173,33 @@ def grouped_logprobs(
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     rows = build_rows(prompt_ids, prompt_mask, prompt_of, completion_ids, completion_attn)
-    units = rows.input_ids.shape[0]
     # the LM head runs from the first column that predicts a completion token on (the model
     # takes logits_to_keep: rows run only where shared prompts do, which checks it)
-    first = int(prompt_mask.sum(dim=1).min()) - 1
+    first = int(rows.column.min())
     keep = torch.arange(first, rows.input_ids.shape[1], device=prompt_ids.device)
-    bounds = torch.searchsorted(
-        prompt_of, torch.arange(0, units + chunk, chunk, device=prompt_of.device)
-    ).tolist()
     logps: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
-    for k, lo in enumerate(range(0, units, chunk)):
-        sl, seqs = slice(lo, lo + chunk), slice(bounds[k], bounds[k + 1])
+    order: list[torch.Tensor] = []
+    for lo in range(0, rows.input_ids.shape[0], chunk):
+        sl = slice(lo, lo + chunk)
+        seqs = torch.nonzero((rows.row >= lo) & (rows.row < lo + chunk)).squeeze(1)
         logits = model(
             input_ids=rows.input_ids[sl],
             attention_mask=_mask(rows.allowed[sl], model),
             position_ids=rows.position_ids[sl],
             use_cache=False,
             logits_to_keep=keep,
-        ).logits  # (u, W - first, V)
+        ).logits  # (r, W - first, V)
         at = logits[(rows.row[seqs] - lo).unsqueeze(1), rows.column[seqs] - first]  # (s, C, V)
         logp, ent = next_token_logprobs(at, completion_ids[seqs].long(), temperature, with_entropy)
         logps.append(logp)
         entropies.append(torch.zeros_like(logp) if ent is None else ent)
+        order.append(seqs)
+    inverse = torch.argsort(torch.cat(order))  # chunks hold their rows' sequences: reorder
     valid = completion_attn.bool()
-    return torch.where(valid, torch.cat(logps), 0.0), torch.where(valid, torch.cat(entropies), 0.0)
+    logp_all = torch.cat(logps).index_select(0, inverse)
+    ent_all = torch.cat(entropies).index_select(0, inverse)
+    return torch.where(valid, logp_all, 0.0), torch.where(valid, ent_all, 0.0)
 
 
 def rows_work(model: Any) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from grpo_stream.algo.bins import first_fit_rows
 from grpo_stream.algo.logprobs import token_logprobs
 from grpo_stream.config.trainer import TrainerSettings
 from grpo_stream.training.batch import Packing, Tensors
@@ -51,24 +52,6 @@ def row_width(attn_implementation: str, budget: int, longest: int) -> int:
     """Packed row width: the whole budget for flash-attention kernels (varlen: the cost of
     a row is that of its sequences), the longest sequence for dense masks (sdpa, eager)."""
     return budget if attn_implementation.startswith("flash") else longest
-
-
-def first_fit_rows(lengths: Sequence[int], width: int, per_row: int) -> Rows:
-    """Rows of sequence indices, first-fit decreasing: longest first, each into the first
-    row with room (fill <= width, at most per_row sequences)."""
-    rows: Rows = []
-    fills: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
-        n = lengths[i]
-        for r, fill in enumerate(fills):
-            if fill + n <= width and len(rows[r]) < per_row:
-                rows[r].append(i)
-                fills[r] += n
-                break
-        else:
-            rows.append([i])
-            fills.append(n)
-    return rows
 
 
 def group_rows(rows: Rows, lengths: Sequence[int], budget: int, max_seqs: int) -> list[Rows]:

@@ -21,9 +21,18 @@ from grpo_stream.models import testing
 PROMPTS = [[1, 10, 11], [1, 12, 13, 14, 15], [3]]
 COMPLETIONS = [[5, 6, 2], [7], [8, 9, 4, 6], [11, 12], [13, 3, 2], [14, 15, 1, 2, 3, 4]]
 PROMPT_OF = [0, 0, 0, 1, 1, 2]
+Case = tuple[list[list[int]], list[list[int]], list[int]]
+CASES: dict[str, Case] = {
+    "one group a row": (PROMPTS, COMPLETIONS, PROMPT_OF),  # groups of 11, 10 and 7 tokens
+    "groups share a row": (  # groups of 11, 3 and 5 tokens: the two short ones share a row
+        [[1, 10, 11], [2], [3, 4]],
+        [[5, 6, 2], [7, 8, 9, 4, 6], [13, 3], [14], [15, 1]],
+        [0, 0, 1, 2, 2],
+    ),
+}
 
 
-def shared_layout() -> dict[str, torch.Tensor]:
+def shared_layout(case: Case = CASES["one group a row"]) -> dict[str, torch.Tensor]:
     """The distinct prompts and the completions, each right-padded (training/prompts.py's
     SharedPrompts fields)."""
 
@@ -34,12 +43,13 @@ def shared_layout() -> dict[str, torch.Tensor]:
             ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
         return ids, mask
 
-    prompt_ids, prompt_mask = padded(PROMPTS)
-    completion_ids, completion_attn = padded(COMPLETIONS)
+    prompts, completions, prompt_of = case
+    prompt_ids, prompt_mask = padded(prompts)
+    completion_ids, completion_attn = padded(completions)
     return {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
-        "prompt_of": torch.tensor(PROMPT_OF),
+        "prompt_of": torch.tensor(prompt_of),
         "completion_ids": completion_ids,
         "completion_attn": completion_attn,
     }
@@ -51,12 +61,15 @@ def grads(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def own_forward(model: Any, temperature: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def own_forward(
+    model: Any, temperature: float, case: Case
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per sequence, alone (no padding, no mask): log p(c_j | prompt, c_<j) of the tempered
     softmax and its entropy, straight from the definition."""
     logps, entropies = [], []
-    for s, completion in enumerate(COMPLETIONS):
-        prompt = PROMPTS[PROMPT_OF[s]]
+    prompts, completions, prompt_of = case
+    for s, completion in enumerate(completions):
+        prompt = prompts[prompt_of[s]]
         seq = torch.tensor([prompt + completion])
         logits = model(input_ids=seq).logits[0].float() / temperature  # (L, V)
         at = logits[len(prompt) - 1 : len(seq[0]) - 1]  # the positions predicting c_0 .. c_n-1
@@ -76,31 +89,35 @@ def models() -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", ["qwen2-sdpa", "qwen2-eager", "gpt2"])
 @pytest.mark.parametrize("chunk", [1, 2, 64])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_rows_give_each_sequences_own_logprobs(name: str, chunk: int, temperature: float) -> None:
+def test_rows_give_each_sequences_own_logprobs(
+    case: str, name: str, chunk: int, temperature: float
+) -> None:
     torch.set_num_threads(1)
     model = models()[name]
-    want, want_ent = own_forward(model, temperature)
-    logp, ent = grouped_logprobs(model, **shared_layout(), chunk=chunk,
+    want, want_ent = own_forward(model, temperature, CASES[case])
+    logp, ent = grouped_logprobs(model, **shared_layout(CASES[case]), chunk=chunk,
                                  temperature=temperature)  # fmt: skip
-    for s, completion in enumerate(COMPLETIONS):
+    for s, completion in enumerate(CASES[case][1]):
         n = len(completion)
         torch.testing.assert_close(logp[s, :n], want[s], rtol=0, atol=1e-5)
         torch.testing.assert_close(ent[s, :n], want_ent[s], rtol=0, atol=1e-5)
         assert bool((logp[s, n:] == 0).all()) and bool((ent[s, n:] == 0).all())
 
 
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", ["qwen2-sdpa", "gpt2"])
-def test_rows_give_each_sequences_own_gradients(name: str) -> None:
+def test_rows_give_each_sequences_own_gradients(case: str, name: str) -> None:
     torch.set_num_threads(1)
     model = models()[name]
-    weights = torch.linspace(-1.0, 1.0, len(COMPLETIONS))  # every sequence its own weight
-    want, _ = own_forward(model, 0.7)
+    weights = torch.linspace(-1.0, 1.0, len(CASES[case][1]))  # every sequence its own weight
+    want, _ = own_forward(model, 0.7, CASES[case])
     sum(w * lp.sum() for w, lp in zip(weights, want, strict=True)).backward()  # type: ignore[union-attr]
     expected = grads(model)
-    logp, _ = grouped_logprobs(model, **shared_layout(), chunk=2, temperature=0.7)
+    logp, _ = grouped_logprobs(model, **shared_layout(CASES[case]), chunk=2, temperature=0.7)
     (logp * weights.unsqueeze(1)).sum().backward()
     got = grads(model)
     assert got.keys() == expected.keys()
@@ -164,3 +181,16 @@ def test_attention_share_is_the_ratio_of_the_formula() -> None:
     assert rows_suit(304, qwen) and not rows_suit(305, qwen)  # 0.25 at W = 304
     gpt2 = testing.tiny_gpt2(16, 0).config  # n_embd 16, n_inner None: 4 x n_embd
     assert attention_share(10, gpt2) == pytest.approx(20 / (64 + 3 * 64))
+
+
+def test_short_groups_share_a_row_and_never_see_each_other() -> None:
+    rows = build_rows(**shared_layout(CASES["groups share a row"]))
+    assert rows.input_ids.shape == (2, 11)  # 11 | 3 + 5 (+ 3 pads)
+    assert rows.input_ids[1, :8].tolist() == [3, 4, 14, 15, 1, 2, 13, 3]  # longest first
+    assert rows.position_ids[1, :8].tolist() == [0, 1, 2, 2, 3, 0, 1, 2]
+    allowed = rows.allowed[1, 0]
+    sees = {q: [k for k in range(11) if allowed[q, k]] for q in range(11)}
+    assert sees[4] == [0, 1, 3, 4]  # [15, 1]'s 1: its prompt [3, 4] and itself, not [14]
+    assert sees[5] == [5]  # the second group's prompt [2]: nothing of the first group
+    assert sees[7] == [5, 6, 7]  # [13, 3]'s 3: its prompt [2] and itself
+    assert rows.row.tolist() == [0, 0, 1, 1, 1]

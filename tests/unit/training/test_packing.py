@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 import torch
 
+from grpo_stream.algo.bins import first_fit_rows
 from grpo_stream.cli.service_exit import end_service_process
 from grpo_stream.config import load_config
 from grpo_stream.hub.batches import build_batch, build_step
 from grpo_stream.hub.replay import Group
 from grpo_stream.protocols.messages import SamplingParams, TrainBatch
 from grpo_stream.training.batch import to_tensors
-from grpo_stream.training.packing import first_fit_rows, pack_rows, plan, row_width
+from grpo_stream.training.packing import pack_rows, plan, row_width
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 MAX_TOKENS = 30
