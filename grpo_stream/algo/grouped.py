@@ -169,10 +169,13 @@ def grouped_logprobs(
     with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies (S, C) float32, as `logprobs.shared_prompt_logprobs` takes
-    and returns them; `chunk` rows per forward (their logits are what a forward holds)."""
+    and returns them. `chunk`: sequences per forward as the trainer sizes them (the memory of
+    their logits); a forward takes as many rows as fit the same token slots (at least one)."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     rows = build_rows(prompt_ids, prompt_mask, prompt_of, completion_ids, completion_attn)
+    sequence = prompt_ids.shape[1] + completion_ids.shape[1]  # a sequence's slots, at most
+    chunk = max(1, chunk * sequence // rows.input_ids.shape[1])  # rows per forward
     # the LM head runs from the first column that predicts a completion token on (the model
     # takes logits_to_keep: rows run only where shared prompts do, which checks it)
     first = int(rows.column.min())

@@ -43,10 +43,10 @@ class TrainerSettings(BaseModel):
     otherwise, or when no prompt repeats, packing applies."""
     prompt_rows: bool = True
     """With share_prompts: run a micro-batch whose groups are short as rows, each prompt and
-    all its completions in one row with a 4D attention mask (one forward, no KV cache), when
-    its dense attention costs at most a quarter of the rest of the forward and the model
-    passes a check at the first step (algo/grouped.py); else, or false, the completions run
-    on the prompt's KV cache."""
+    all its completions in one row (short groups sharing a row) under a 4D attention mask:
+    one forward, no KV cache. Applies when the dense attention over the widest row costs at
+    most a quarter of the rest of the forward and the model passed a check at start
+    (algo/grouped.py); else, or false, the completions run on the prompt's KV cache."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them
     (transformers' activation checkpointing, non-reentrant): less memory, more compute."""
