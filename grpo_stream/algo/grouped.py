@@ -11,7 +11,7 @@ dense rows: no per-length forwards and no KV cache, as `logprobs.shared_prompt_l
 needs.
 
 The price is dense attention over a row (W x W per row and layer, the masked entries
-computed too), so rows suit short groups: `rows_suit` keeps that under `MAX_ATTENTION_SHARE`
+computed too), so rows suit short groups: `rows_width` keeps that under `MAX_ATTENTION_SHARE`
 of the row's other compute. Measured on the tiny model at bench.vs_trl's base shape (CPU,
 docs/results.md): faster than the per-length forwards on one thread, more so on two
 (larger matrix products scale across threads).
@@ -77,9 +77,11 @@ def attention_share(width: int, config: Any) -> float:
     return 2 * width / (4 * hidden + 3 * int(inner or 4 * hidden))
 
 
-def rows_suit(width: int, config: Any) -> bool:
-    """Whether groups as wide as `width` run as rows (`attention_share` small enough)."""
-    return attention_share(width, config) <= MAX_ATTENTION_SHARE
+def rows_width(config: Any) -> int:
+    """The widest row whose `attention_share` is at most MAX_ATTENTION_SHARE: groups up to
+    this many tokens run as rows."""
+    width = int(MAX_ATTENTION_SHARE / attention_share(1, config))
+    return width + 1 if attention_share(width + 1, config) <= MAX_ATTENTION_SHARE else width
 
 
 def build_rows(

@@ -23,7 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -139,14 +139,15 @@ def plan_micro_batches(
     attn_implementation: str,
     pad_id: int,
     share: bool,
-    as_rows: Callable[[int], bool] = lambda width: False,
+    max_row: int = 0,
 ) -> tuple[list[Tensors], str]:
     """The step's token-budget micro-batches and their layout: with shared prompts
     (training/prompts.py) where `share` and some prompt repeats ("rows" when the first runs
-    as rows, `as_rows`, else "shared"), else packed or padded (see the module docstring)."""
+    as rows, its widest row at most `max_row` tokens, else "shared"), else packed or padded
+    (see the module docstring)."""
     parts = None
     if share:
-        parts = shared_micro_batches(t, s.micro_batch_tokens, s.micro_batch, pad_id, as_rows)
+        parts = shared_micro_batches(t, s.micro_batch_tokens, s.micro_batch, pad_id, max_row)
     if parts is None:
         parts = micro_batches(
             t, s.micro_batch_tokens, s.micro_batch, s.packing, attn_implementation, pad_id

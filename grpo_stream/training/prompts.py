@@ -19,13 +19,13 @@ Invariants:
 
 A micro-batch runs in one of two ways: as rows (`algo.grouped`: each prompt and all its
 completions in one row with a 4D mask, one forward) when its widest row suits that
-(`rows_suit`, given as `as_rows`), else on the prompts' KV cache (`algo.logprobs.
+(at most `rows_width` tokens, given as `max_row`), else on the prompts' KV cache (`algo.logprobs.
 shared_prompt_logprobs`: the prompts' forward, then one forward per completion length).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -113,10 +113,10 @@ def shared_batch(
     pieces: Sequence[Piece],
     splits: Sequence[int],
     pad_id: int,
-    as_rows: Callable[[int], bool] = lambda width: False,
+    max_row: int = 0,
 ) -> Tensors:
     """The micro-batch of `pieces`: their sequences' tensors (S, T), split at the prompts;
-    as rows when `as_rows(widest row)`."""
+    as rows when its widest row (a prompt and its completions) is at most `max_row` tokens."""
     order = [i for piece in pieces for i in piece]
     seqs = t.select(torch.tensor(order, dtype=torch.long)).trimmed()
     split = torch.tensor([splits[i] for i in order], dtype=torch.long)  # (S,)
@@ -138,7 +138,7 @@ def shared_batch(
     completion_ids = seqs.input_ids.gather(1, source).masked_fill(completion_attn == 0, pad_id)
     steps_t = torch.arange(seqs.input_ids.shape[1])
     index = (steps_t - split.unsqueeze(1)).clamp(0, width_c - 1)  # (S, T) into C
-    rows = as_rows(row_width(prompt_mask, prompt_of, completion_attn))
+    rows = row_width(prompt_mask, prompt_of, completion_attn) <= max_row
     seqs.prompts = SharedPrompts(
         prompt_ids, prompt_mask, prompt_of, completion_ids, completion_attn, index, rows
     )
@@ -150,18 +150,18 @@ def shared_micro_batches(
     budget: int,
     max_seqs: int,
     pad_id: int,
-    as_rows: Callable[[int], bool] = lambda width: False,
+    max_row: int = 0,
 ) -> list[Tensors] | None:
     """The step's shared-prompt micro-batches; None when no prompt repeats (nothing to
-    share: packing does as well). `as_rows(width)`: whether a micro-batch whose widest row
-    (a prompt and its completions) is `width` tokens runs as rows."""
+    share: packing does as well). `max_row`: the widest row a micro-batch may have to run as
+    rows (0: none does)."""
     splits = prompt_splits(t)
     groups = prompt_groups(t, splits)
     if len(groups) == t.size:
         return None
     lengths = [int(v) for v in t.attention_mask.sum(dim=1).tolist()]
     batches = plan(groups, splits, lengths, budget, max_seqs)
-    return [shared_batch(t, pieces, splits, pad_id, as_rows) for pieces in batches]
+    return [shared_batch(t, pieces, splits, pad_id, max_row) for pieces in batches]
 
 
 def shared_logprobs(

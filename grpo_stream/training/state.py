@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 import torch
 
-from grpo_stream.algo.grouped import rows_suit, rows_work
+from grpo_stream.algo.grouped import rows_width, rows_work
 from grpo_stream.algo.logprobs import shared_prompts_supported
 from grpo_stream.algo.loss import grpo_loss
 from grpo_stream.algo.regularizer import GradRegularizer
@@ -332,17 +332,14 @@ class TrainState:
         impl = str(self.model.config._attn_implementation)
         share = self._shares_prompts(impl)
         parts, self.layout = plan_micro_batches(
-            t, self.cfg.trainer, impl, self._pad_id(), share, self._as_rows(share)
+            t, self.cfg.trainer, impl, self._pad_id(), share, self._max_row(share)
         )
         return [part.to(self.device) for part in parts]
 
-    def _as_rows(self, share: bool) -> Callable[[int], bool]:
-        """Which shared-prompt micro-batches run as rows (trainer.prompt_rows): those whose
-        widest group `rows_suit` the model, when the model passed `rows_work` at start."""
-        if not (share and self.rows_ok):
-            return lambda width: False
-        config = self.model.config
-        return lambda width: rows_suit(width, config)
+    def _max_row(self, share: bool) -> int:
+        """The widest shared-prompt row that runs as rows (trainer.prompt_rows): `rows_width`
+        of the model when it passed `rows_work` at start, else 0 (none)."""
+        return rows_width(self.model.config) if share and self.rows_ok else 0
 
     def _shares_prompts(self, attn_implementation: str) -> bool:
         """trainer.share_prompts applies: one rank (DDP's reducer and FSDP2's collectives

@@ -13,7 +13,7 @@ from grpo_stream.algo.grouped import (
     attention_share,
     build_rows,
     grouped_logprobs,
-    rows_suit,
+    rows_width,
     rows_work,
 )
 from grpo_stream.models import testing
@@ -178,7 +178,8 @@ def test_chunk_must_be_positive() -> None:
 def test_attention_share_is_the_ratio_of_the_formula() -> None:
     qwen = testing.qwen2_config(16, hidden=128, intermediate=640)
     assert attention_share(304, qwen) == pytest.approx(2 * 304 / (4 * 128 + 3 * 640))
-    assert rows_suit(304, qwen) and not rows_suit(305, qwen)  # 0.25 at W = 304
+    assert rows_width(qwen) == 304  # 0.25 at W = 304, above at 305
+    assert attention_share(304, qwen) <= 0.25 < attention_share(305, qwen)
     gpt2 = testing.tiny_gpt2(16, 0).config  # n_embd 16, n_inner None: 4 x n_embd
     assert attention_share(10, gpt2) == pytest.approx(20 / (64 + 3 * 64))
 

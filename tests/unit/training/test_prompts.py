@@ -203,7 +203,7 @@ def test_groups_too_wide_for_rows_run_on_the_prompts_cache(tmp_path: Path) -> No
     assert state.rows_ok
     t = _tensors(_batch())
     assert state._micro_batches(t) and state.layout == "rows"
-    config = state.model.config  # rows_suit reads the sizes from the config: make every row
+    config = state.model.config  # rows_width reads the sizes from the config: make every row
     config.hidden_size = config.intermediate_size = 1  # too wide, 2W / (4 + 3) > 0.25
     parts = state._micro_batches(t)
     assert all(p.prompts is not None and not p.prompts.rows for p in parts)
