@@ -59,15 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings(args: argparse.Namespace, **kw: Any) -> Any:
+    from grpo_stream.builds.tools import MAX_EPISODE_TOKENS, TURNS
     from grpo_stream.config.envs import EnvSettings
-    from grpo_stream.models.build_tools import MAX_EPISODE_TOKENS, TURNS
 
     return EnvSettings(max_turns=TURNS, max_episode_tokens=MAX_EPISODE_TOKENS,
                        workers=args.workers, **kw)  # fmt: skip
 
 
 def problems(args: argparse.Namespace, seed: int) -> list[Any]:
-    from grpo_stream.models.build_calc import calc_task
+    from grpo_stream.builds.calc import calc_task
 
     task = calc_task(args.seed)
     return [task.problem(seed * args.prompts + i) for i in range(args.prompts)]
@@ -76,9 +76,9 @@ def problems(args: argparse.Namespace, seed: int) -> list[Any]:
 def in_process(engine: Any, pool: Any, args: argparse.Namespace, seed: int) -> dict[str, float]:
     """One batch through the turn loop against CalcToolsEnv."""
     from grpo_stream.agents.chat import ChatFormat
+    from grpo_stream.builds.tools import TURN_TOKENS, env_prompt
     from grpo_stream.envs.episodes import EpisodeRun, run_episodes
     from grpo_stream.envs.turns import TurnFormat
-    from grpo_stream.models.build_tools import TURN_TOKENS, env_prompt
 
     fmt = ChatFormat(engine.tokenizer)
     batch = problems(args, seed)
@@ -96,7 +96,7 @@ def endpoint(player: Any, args: argparse.Namespace, seed: int) -> dict[str, floa
     """One batch played by calc_agent over HTTP."""
     from grpo_stream.agents.inbox import Sampling
     from grpo_stream.agents.player import AgentRun
-    from grpo_stream.models.build_tools import TURN_TOKENS
+    from grpo_stream.builds.tools import TURN_TOKENS
 
     batch = problems(args, seed)
     sampling = Sampling(1.0, 1.0, TURN_TOKENS)

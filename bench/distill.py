@@ -123,8 +123,8 @@ def reached(points: list[float], target: float, every: int) -> int | None:
 
 def smoke(args: argparse.Namespace) -> None:
     """The three configs load; the teacher scores a group; the evaluation runs on a few."""
+    from grpo_stream.engines.distill import HFTeacher
     from grpo_stream.models.loading import load_tokenizer
-    from grpo_stream.teacher.engines import HFTeacher
 
     for mode in MODES:
         load_config(None, student_overrides(args, mode, TINY_MODEL, 0))

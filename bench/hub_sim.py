@@ -44,8 +44,8 @@ import zmq
 
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.hub.auth import load_secret, session_key, sign
-from grpo_stream.hub.payload_refs import fetch_batch, score_request_of
-from grpo_stream.hub.payload_store import (
+from grpo_stream.hub.payloads.refs import fetch_batch, score_request_of
+from grpo_stream.hub.payloads.store import (
     PayloadFetcher,
     PayloadRef,
     PayloadServer,

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def answers(rng: random.Random, groups: int, size: int) -> list[tuple[str, list[str], str]]:
     """(prompt, G completions, reference answer): half right, half wrong the ways a policy
     errs (the judge's training distribution, drawn with another seed)."""
-    from grpo_stream.models.build_judge import wrong_answer
+    from grpo_stream.builds.judge import wrong_answer
 
     out = []
     for _ in range(groups):

@@ -200,7 +200,7 @@ def adapter_fraction_7b(r: int) -> dict[str, float]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from grpo_stream.config.lora import LoraSettings
-    from grpo_stream.training.lora import lora_config
+    from grpo_stream.models.adapter import lora_config
 
     with torch.device("meta"):
         model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_7B))

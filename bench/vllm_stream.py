@@ -84,7 +84,7 @@ SMOKE = ["--part", "throughput", "inflight", "--prompts", "8", "--group-size", "
          "--max-tokens", "32", "--prompts-per-request", "4", "--repeats", "1",
          "--groups-per-step", "2", "--steps", "2", "--train-s", "0.1"]  # fmt: skip
 """--smoke: every side and both in-flight modes, as small as they run (not the up part:
-whole pipelines; tests/unit/engines/test_vllm_faults.py runs `up` on vllm)."""
+whole pipelines; tests/unit/engines/vllm/test_faults.py runs `up` on vllm)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -179,7 +179,7 @@ def on_one_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     batch and vllm-alone sides) on the long-tailed model."""
     from bench.vllm_stream_inflight import inflight  # needs vLLM too
     from grpo_stream.config import GeneratorSettings, ModelSettings
-    from grpo_stream.engines.vllm import VLLMEngine
+    from grpo_stream.engines.vllm.engine import VLLMEngine
 
     path = build_model(tmp / "model")
     model = ModelSettings(name_or_path=path, dtype="float32")
@@ -222,7 +222,7 @@ def start_llm(path: str, max_len: int) -> Any:
 
 
 def vllm_version() -> str:
-    from grpo_stream.engines.vllm_compat import installed_version
+    from grpo_stream.engines.vllm.compat import installed_version
 
     return str(installed_version())
 

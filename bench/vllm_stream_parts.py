@@ -31,9 +31,9 @@ import numpy as np
 from bench.common import TINY_MODEL
 from grpo_stream.config import RunConfig, config_from_dict
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
-from grpo_stream.engines.base import Completion, GroupSample
 from grpo_stream.engines.streaming import group_seed
 from grpo_stream.protocols import messages as m
+from grpo_stream.sampling import Completion, GroupSample
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
 EOS_SCALE = 1.75

@@ -39,7 +39,7 @@ def warm_and_save(
     info (expected accuracy measured after the warm start)."""
     import torch
 
-    from grpo_stream.models.build_tiny import arith_pairs, expected_accuracy, warm_start
+    from grpo_stream.builds.tiny import arith_pairs, expected_accuracy, warm_start
 
     start = time.perf_counter()
     threads = torch.get_num_threads()
@@ -96,7 +96,7 @@ def word_tokenizer() -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    from grpo_stream.models.build_tiny import SPECIAL_TOKENS
+    from grpo_stream.builds.tiny import SPECIAL_TOKENS
 
     fast: Any = PreTrainedTokenizerFast
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *WORDS])}

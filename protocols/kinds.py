@@ -3,10 +3,10 @@ distillation ones."""
 
 from __future__ import annotations
 
+from grpo_stream.protocols.distill import TEACHING_MESSAGES
 from grpo_stream.protocols.messages import CORE_MESSAGES
 from grpo_stream.protocols.payloads import PAYLOAD_MESSAGES
 from grpo_stream.protocols.schema import Message
-from grpo_stream.protocols.teaching import TEACHING_MESSAGES
 
 MESSAGES: dict[str, type[Message]] = {**CORE_MESSAGES, **PAYLOAD_MESSAGES, **TEACHING_MESSAGES}
 """Every message class by its KIND (kinds are unique across the three modules)."""

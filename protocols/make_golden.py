@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from grpo_stream.protocols import distill as t
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols import payloads as p
-from grpo_stream.protocols import teaching as t
 from grpo_stream.protocols.arrays import wire_dtypes
 from grpo_stream.protocols.codec import encode
 from grpo_stream.protocols.kinds import MESSAGES

@@ -3,7 +3,7 @@ generator that sampled them to the scorer and the trainer that need them; the hu
 only their metadata and references.
 
 A generator keeps each group's `Rollout` in a bounded store served on its own ROUTER
-(`grpo_stream.hub.payload_store`) and sends the hub a `RolloutMeta` (ids, lease, version,
+(`grpo_stream.hub.payloads.store`) and sends the hub a `RolloutMeta` (ids, lease, version,
 lengths, the digest). The hub asks a scorer to score by reference (`ScoreRef`) and sends the
 trainer `TrainBatchRef` shards (references plus the hub's advantages, rewards and step
 statistics); both fetch each group with a `PayloadRequest`, answered with the stored Rollout
@@ -81,7 +81,7 @@ class TrainBatchRef(Message):
     Per completion (flat, G per group, `group_offsets` into them): its length, reward,
     advantage and whether it carries a reward (valid). The trainer fetches every group,
     checks it against this, and builds the TrainBatch the hub would have sent
-    (`grpo_stream.hub.payload_refs.materialize`)."""
+    (`grpo_stream.hub.payloads.refs.materialize`)."""
 
     KIND: ClassVar[str] = "train_batch_ref"
     step: int

@@ -23,14 +23,15 @@ from collections import deque
 import structlog
 
 from grpo_stream.config import RunConfig
-from grpo_stream.engines import Engine, GroupSample
+from grpo_stream.engines import Engine
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.engines.inflight import InflightEngine
 from grpo_stream.engines.streaming import StreamingEngine
 from grpo_stream.envs.service import Player, episode_rollout
-from grpo_stream.hub.payload_store import PayloadOutbox, Sender
+from grpo_stream.hub.payloads.store import PayloadOutbox, Sender
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
+from grpo_stream.sampling import GroupSample
 from grpo_stream.services.generator_stream import Hooks, StreamLoop
 from grpo_stream.services.rollouts import empty_rollout, group_rollout
 from grpo_stream.session.service import Session

@@ -15,7 +15,7 @@ from grpo_stream.engines import Engine, make_engine
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.engines.inflight import InflightEngine
 from grpo_stream.engines.streaming import EngineFailed
-from grpo_stream.engines.vllm import VLLMEngine
+from grpo_stream.engines.vllm.engine import VLLMEngine
 from grpo_stream.envs.service import EpisodePlayer, Player
 from grpo_stream.exits import EXIT_ENGINE_FAILED
 from grpo_stream.services.generator import Generator

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from grpo_stream.engines.base import GroupSample
 from grpo_stream.engines.streaming import StreamingEngine, group_seed
 from grpo_stream.protocols import messages as m
+from grpo_stream.sampling import GroupSample
 from grpo_stream.session.service import Session
 
 log = structlog.get_logger()

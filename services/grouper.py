@@ -33,24 +33,24 @@ from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
 from grpo_stream.hub.batches import step_stats
-from grpo_stream.hub.direct import DirectPayloads
 from grpo_stream.hub.dispatch import Dispatcher
+from grpo_stream.hub.distill import step_kl
 from grpo_stream.hub.intake import Intake
 from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.payloads.direct import DirectPayloads
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
 from grpo_stream.hub.status import hub_status
-from grpo_stream.hub.teaching import step_kl
 from grpo_stream.hub.trust import TrustGate
 from grpo_stream.hub.watchdog import Watchdog
 from grpo_stream.models.loading import load_tokenizer
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.distill import Taught
 from grpo_stream.protocols.payloads import PayloadLost, RolloutMeta
-from grpo_stream.protocols.teaching import Taught
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.session.hub import HubSessions
 from grpo_stream.tasks import make_task

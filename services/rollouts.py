@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_stream.engines.base import Completion, GroupSample
 from grpo_stream.protocols import messages as m
+from grpo_stream.sampling import Completion, GroupSample
 
 
 def group_rollout(

@@ -18,8 +18,8 @@ import numpy as np
 import structlog
 
 from grpo_stream.hub.content import ContentCheck
-from grpo_stream.hub.payload_refs import score_request_of
-from grpo_stream.hub.payload_store import PayloadFetcher, PayloadRef
+from grpo_stream.hub.payloads.refs import score_request_of
+from grpo_stream.hub.payloads.store import PayloadFetcher, PayloadRef
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import PayloadLost, ScoreRef
 from grpo_stream.ratelimit import RateLimit

@@ -14,10 +14,10 @@ import time
 import numpy as np
 import structlog
 
-from grpo_stream.protocols.teaching import Taught, TeachRequest
+from grpo_stream.engines.distill import TeacherEngine, TeacherError, load_teacher
+from grpo_stream.protocols.distill import Taught, TeachRequest
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.session.service import Join, Session, run_service
-from grpo_stream.teacher.engines import TeacherEngine, TeacherError, load_teacher
 
 log = structlog.get_logger()
 

@@ -33,8 +33,8 @@ import structlog
 
 from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_HUB_GONE
-from grpo_stream.hub.payload_refs import fetch_batch
-from grpo_stream.hub.payload_store import PayloadFetcher
+from grpo_stream.hub.payloads.refs import fetch_batch
+from grpo_stream.hub.payloads.store import PayloadFetcher
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import TrainBatchRef
 from grpo_stream.session.service import Join, Session, run_service

@@ -34,8 +34,8 @@ from grpo_stream.agents.openai_api import (
 )
 from grpo_stream.agents.toolcalls import ToolCall, parse_reply, unknown_tool
 from grpo_stream.config.envs import EnvSettings
-from grpo_stream.engines.base import Completion
 from grpo_stream.envs.episodes import TurnEngine, open_session
+from grpo_stream.sampling import Completion
 
 
 class Batcher:

@@ -24,7 +24,7 @@ from grpo_stream.transport.exposure import exposure_error
 
 if TYPE_CHECKING:
     from grpo_stream.config import RunConfig
-    from grpo_stream.launch.runlock import RunLock
+    from grpo_stream.rundir.lock import RunLock
     from grpo_stream.session.service import Join
 
 SERVICES = ("grouper", "generator", "scorer", "trainer", "evaluator", "teacher")
@@ -183,7 +183,7 @@ def _check_exposure(cfg: RunConfig, guarded: bool) -> None:
 
 
 def _lock(run_dir: Path) -> RunLock | None:
-    from grpo_stream.launch.runlock import RunLocked, acquire
+    from grpo_stream.rundir.lock import RunLocked, acquire
 
     try:
         return acquire(Path(run_dir), "run grouper")

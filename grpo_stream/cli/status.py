@@ -47,7 +47,7 @@ def status(
     On a run that is over (its run directory unlocked), the final state from the run
     directory instead: steps, counters, last metrics and how it ended."""
     if hub is None and run_dir is not None and _over(run_dir):
-        from grpo_stream.launch.final import final_state, render_final
+        from grpo_stream.rundir.final import final_state, render_final
 
         state = final_state(run_dir)
         typer.echo(json.dumps(state) if json_out else render_final(state))
@@ -72,7 +72,7 @@ def status(
 
 def _over(run_dir: Path) -> bool:
     """Nobody holds the run directory: no `up` and no hub of it is alive."""
-    from grpo_stream.launch.runlock import is_held
+    from grpo_stream.rundir.lock import is_held
 
     if not run_dir.is_dir():
         fail(f"{run_dir} is not a run directory")

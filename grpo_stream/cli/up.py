@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from grpo_stream.config import RunConfig
     from grpo_stream.config.cluster import ClusterFile
     from grpo_stream.launch.placement import Placement
-    from grpo_stream.launch.ray_runner import RayRunner
-    from grpo_stream.launch.runlock import RunLock
+    from grpo_stream.launch.ray.runner import RayRunner
+    from grpo_stream.rundir.lock import RunLock
 
 
 def up(
@@ -63,9 +63,9 @@ def up(
     from grpo_stream.config.cluster import ClusterError, read_launch_file
     from grpo_stream.launch import cluster as launch
     from grpo_stream.launch.console import RunConsole
-    from grpo_stream.launch.outcome import write_outcome
     from grpo_stream.launch.up import LaunchError, Up
     from grpo_stream.preflight import PreflightError, check_config_file
+    from grpo_stream.rundir.outcome import write_outcome
 
     _check_launcher(launcher, address, cluster)
     hosts = None
@@ -165,8 +165,8 @@ def _check_launcher(launcher: str, address: str | None, cluster: Path | None) ->
 def _ray_setup(cfg: RunConfig, address: str | None) -> tuple[ClusterFile, Placement, RayRunner]:
     """Join (or start) Ray, place the run over its nodes, and the runner for its actors."""
     try:  # Ray is an optional extra, and heavy: imported only for --launcher ray
-        from grpo_stream.launch.ray_cluster import RayClusterError, connect, discover
-        from grpo_stream.launch.ray_runner import RayRunner
+        from grpo_stream.launch.ray.cluster import RayClusterError, connect, discover
+        from grpo_stream.launch.ray.runner import RayRunner
     except ImportError:
         fail("--launcher ray needs Ray: pip install 'grpo-stream[ray]'")
     try:

@@ -237,7 +237,7 @@ class HubSettings(BaseModel):
     """hub: completions travel through the hub (Rollout, ScoreRequest, TrainBatch). direct:
     each generator serves its Rollouts from a bounded store on its own ROUTER and the hub
     carries only metadata and references; scorers and the trainer fetch the payloads from
-    the generator (grpo_stream.hub.payload_store). Needs trainer.ranks = 1 and no env."""
+    the generator (grpo_stream.hub.payloads.store). Needs trainer.ranks = 1 and no env."""
     payload_bind: str = "tcp://127.0.0.1:0"
     """payloads = direct: where each generator's payload store binds (port 0: a free one);
     scorers and the trainer must reach it."""

@@ -23,9 +23,9 @@ from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.dashboard import graph
 from grpo_stream.dashboard.rundir import Collected, RunFiles
 from grpo_stream.hub.auth import AuthError, status_credential
-from grpo_stream.launch.final import final_counters
-from grpo_stream.launch.outcome import read_outcome
-from grpo_stream.launch.runlock import is_held
+from grpo_stream.rundir.final import final_counters
+from grpo_stream.rundir.lock import is_held
+from grpo_stream.rundir.outcome import read_outcome
 from grpo_stream.session.status import HubStatus, StatusClient, StatusUnavailable
 
 STATUS_TIMEOUT_S = 2.0

@@ -3,12 +3,7 @@
 Importing this package imports neither torch nor vLLM; `make_engine` loads the one asked for.
 """
 
-from grpo_stream.engines.base import (
-    Completion,
-    Engine,
-    EngineUnavailableError,
-    GroupSample,
-)
+from grpo_stream.engines.base import Engine, EngineUnavailableError
 from grpo_stream.engines.factory import make_engine
 
-__all__ = ["Completion", "Engine", "EngineUnavailableError", "GroupSample", "make_engine"]
+__all__ = ["Engine", "EngineUnavailableError", "make_engine"]

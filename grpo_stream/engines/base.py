@@ -1,6 +1,7 @@
 """The inference-engine interface that generators call (built by `engines.factory`).
 
-Conventions every engine keeps (the trainer relies on them):
+Conventions every engine keeps (the trainer relies on them; `Completion` and `GroupSample`
+live on the ground floor, `grpo_stream.sampling`, so agents and environments share them):
 
 - `GroupSample.prompt_ids` are the prompt's token ids exactly as the engine fed them to the
   model (the tokenizer's special tokens included, no padding).
@@ -26,10 +27,10 @@ Importing this module (or `grpo_stream.engines`) imports neither torch nor vLLM.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from grpo_stream.protocols.arrays import to_torch as array_to_torch
+from grpo_stream.sampling import GroupSample
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,28 +39,6 @@ if TYPE_CHECKING:
 
 class EngineUnavailableError(RuntimeError):
     """The requested engine cannot run here (for instance vLLM is not installed)."""
-
-
-@dataclass
-class Completion:
-    """One sampled completion: tokens, their behaviour log-probs, decoded text."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    truncated: bool
-    """True when the completion hit max_tokens without an end-of-sequence token."""
-    version_runs: list[tuple[int, int]] = field(default_factory=list)
-    """(first token index, weights version) per run of tokens sampled with one version, in
-    order (several with in-flight updates). Empty: the engine's version sampled them all."""
-
-
-@dataclass
-class GroupSample:
-    """The G completions sampled for one prompt."""
-
-    prompt_ids: list[int]
-    completions: list[Completion]
 
 
 @runtime_checkable
@@ -99,22 +78,6 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release the model and any sockets."""
         ...
-
-
-def resolve_device(device: str | None) -> str:
-    """`device` as given, or "cuda" when a GPU is visible, else "cpu"."""
-    if device is not None:
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_dtype_name(dtype: str, device: str) -> str:
-    """The parameter dtype name for `ModelSettings.dtype`: auto is bf16 on GPUs, fp32 on CPU."""
-    if dtype != "auto":
-        return dtype
-    return "float32" if device.startswith("cpu") else "bfloat16"
 
 
 def to_torch(value: torch.Tensor | np.ndarray) -> torch.Tensor:

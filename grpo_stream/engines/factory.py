@@ -11,7 +11,7 @@ from grpo_stream.config.lora import LoraSettings
 from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.engines.base import Engine, EngineUnavailableError
 from grpo_stream.engines.hf import HFEngine
-from grpo_stream.engines.vllm import VLLMEngine
+from grpo_stream.engines.vllm.engine import VLLMEngine
 
 
 def vllm_available() -> bool:

@@ -40,19 +40,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
-from grpo_stream.engines.base import (
-    Completion,
-    GroupSample,
-    resolve_device,
-    to_torch,
-)
+from grpo_stream.engines.base import to_torch
 from grpo_stream.engines.decode import Decoded, Decoder, version_runs
 from grpo_stream.engines.hf_weights import plan_weight_update
 from grpo_stream.engines.inflight import BackgroundFetch
 from grpo_stream.engines.lora import HFAdapter
 from grpo_stream.engines.turn_cache import TurnCache
 from grpo_stream.models.adapter import split_adapter
-from grpo_stream.models.loading import load_policy, load_tokenizer
+from grpo_stream.models.loading import load_policy, load_tokenizer, resolve_device
+from grpo_stream.sampling import Completion, GroupSample
 from grpo_stream.transport.fetcher import VersionFetcher
 
 if TYPE_CHECKING:

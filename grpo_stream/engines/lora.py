@@ -13,7 +13,7 @@ Invariants:
 - vLLM: each version becomes a new LoRARequest (new id) loaded from a PEFT directory (vLLM
   loads adapters only from a path), added eagerly; new requests pass the current one, and an
   older adapter is removed (its directory deleted) once no request uses it
-  (engines.vllm_update).
+  (engines.vllm.update).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from grpo_stream.models.adapter import (
     base_fingerprint,
     check_base,
     fingerprint_rows,
+    lora_config,
 )
 from grpo_stream.models.loading import resolve_model
-from grpo_stream.training.lora import lora_config
 
 if TYPE_CHECKING:
     import torch

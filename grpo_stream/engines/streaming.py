@@ -10,7 +10,7 @@ import random
 from collections.abc import Hashable
 from typing import Protocol, runtime_checkable
 
-from grpo_stream.engines.base import GroupSample
+from grpo_stream.sampling import GroupSample
 
 
 class EngineFailed(RuntimeError):

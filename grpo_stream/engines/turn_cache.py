@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from grpo_stream.engines.base import Completion
 from grpo_stream.engines.decode import Decoded, Decoder
+from grpo_stream.sampling import Completion
 
 if TYPE_CHECKING:
     import torch

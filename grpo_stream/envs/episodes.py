@@ -36,10 +36,10 @@ from typing import Any, Protocol, runtime_checkable
 import structlog
 
 from grpo_stream.config.envs import EnvSettings
-from grpo_stream.engines.base import Completion
 from grpo_stream.envs.sandbox import Answer
 from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.ratelimit import RateLimit
+from grpo_stream.sampling import Completion
 
 log = structlog.get_logger()
 

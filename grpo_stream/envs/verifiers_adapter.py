@@ -42,7 +42,7 @@ from verifiers.v1.session import call_hook, hook_boundary
 from verifiers.v1.types import content_text
 
 from grpo_stream.envs.base import Step
-from grpo_stream.envs.verifiers_task import load_vf_env, rebuild_task
+from grpo_stream.tasks.verifiers import load_vf_env, rebuild_task
 
 
 @functools.cache

@@ -25,7 +25,7 @@ from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.protocols import messages as m
-from grpo_stream.protocols.teaching import TeachRequest
+from grpo_stream.protocols.distill import TeachRequest
 from grpo_stream.tasks import Task
 
 Send = Callable[[bytes, m.Message], object]
@@ -33,14 +33,14 @@ Send = Callable[[bytes, m.Message], object]
 
 class Teachers(Protocol):
     """Distillation: builds the request of a group held for a teacher
-    (`grpo_stream.hub.teaching.Teaching`)."""
+    (`grpo_stream.hub.distill.Teaching`)."""
 
     def request(self, lease_id: int, group_id: int) -> TeachRequest: ...
 
 
 class ScoreRefs(Protocol):
     """hub.payloads = "direct": builds the request pointing a scorer at a group's payload
-    (`grpo_stream.hub.direct.DirectPayloads`)."""
+    (`grpo_stream.hub.payloads.direct.DirectPayloads`)."""
 
     def score_request(self, lease_id: int, group_id: int) -> m.Message: ...
 

@@ -27,8 +27,8 @@ import numpy as np
 from grpo_stream.hub.auth import HelloAuth, KeyRoles
 from grpo_stream.hub.registry import Registry
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.distill import Taught
 from grpo_stream.protocols.payloads import RolloutMeta
-from grpo_stream.protocols.teaching import Taught
 
 WORKS = {
     m.Rollout: "generator",

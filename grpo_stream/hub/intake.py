@@ -21,16 +21,16 @@ from grpo_stream.algo.overlong import Overlong
 from grpo_stream.config import RunConfig
 from grpo_stream.hub import guard
 from grpo_stream.hub.batches import assemble, failure_streak
-from grpo_stream.hub.direct import DirectPayloads
+from grpo_stream.hub.distill import Teaching, check_taught
 from grpo_stream.hub.episodes import FailureAlarm, check_episode, is_episode, scored_by_env
 from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.payloads.direct import DirectPayloads
 from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group, ReplayBuffer
-from grpo_stream.hub.teaching import Teaching, check_taught
 from grpo_stream.hub.trust import TrustGate
 from grpo_stream.protocols import messages as m
+from grpo_stream.protocols.distill import Taught
 from grpo_stream.protocols.payloads import RolloutMeta
-from grpo_stream.protocols.teaching import Taught
 from grpo_stream.ratelimit import RateLimit
 
 log = structlog.get_logger()

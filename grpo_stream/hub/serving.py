@@ -36,7 +36,7 @@ from grpo_stream.config import HubSettings
 from grpo_stream.hub.batches import build_step
 from grpo_stream.hub.journal import SendJournal, Sent
 from grpo_stream.hub.ledger import Ledger
-from grpo_stream.hub.payload_refs import build_ref_step
+from grpo_stream.hub.payloads.refs import build_ref_step
 from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.protocols import messages as m
 

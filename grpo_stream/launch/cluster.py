@@ -9,7 +9,7 @@ from `up`'s machine (the secret, its role's CURVE keys, the hub's config) as a t
 the launcher's stdin, unpacked into RUN_DIR/private/INSTANCE on its host before it starts
 (grpo_stream.launch.receive): no shared filesystem, nothing secret on a command line; `local`
 and `prefix` hosts are this machine and read the files where they are; hosts with launcher
-"ray" are Ray nodes, started by grpo_stream.launch.ray_runner, which ships those files itself.
+"ray" are Ray nodes, started by grpo_stream.launch.ray.runner, which ships those files itself.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_stream.config import RunConfig
-from grpo_stream.launch.outcome import clear_outcome
-from grpo_stream.launch.runlock import RunLock, RunLocked, acquire, export_owner
 from grpo_stream.preflight import PreflightError, preflight
+from grpo_stream.rundir.lock import RunLock, RunLocked, acquire, export_owner
+from grpo_stream.rundir.outcome import clear_outcome
 
 
 class StartError(RuntimeError):

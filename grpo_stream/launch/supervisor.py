@@ -69,7 +69,7 @@ class Launched(Protocol):
 
 class Runner(Protocol):
     """What `up` needs from whatever starts its services: local processes (`Supervisor`) or
-    Ray actors (grpo_stream.launch.ray_runner)."""
+    Ray actors (grpo_stream.launch.ray.runner)."""
 
     def start(self, spec: ServiceSpec) -> Launched: ...
 

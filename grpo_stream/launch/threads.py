@@ -27,14 +27,12 @@ lie inside the cores `up` may use; the threads of pinned services never exceed t
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from grpo_stream.launch.supervisor import ServiceSpec
+from grpo_stream.threads import ThreadPlan, TorchThreads, fixed_plan, local_cores
 from grpo_stream.training.metrics import read_metrics
 
 TORCH_SERVICES = ("trainer", "generator", "evaluator", "teacher")
@@ -54,30 +52,6 @@ MIN_SHARE = 0.05
 """The smallest busy share a measurement gives a service (a service never gets no core)."""
 MEASURED_ROWS = 200
 """Steps of a resumed run's metrics that its busy shares are measured over (the latest)."""
-ENV_THREADS = "GRPO_STREAM_TORCH_THREADS"
-ENV_INTEROP = "GRPO_STREAM_INTEROP_THREADS"
-ENV_CPUS = "GRPO_STREAM_CPUS"
-
-TorchThreads = int | Literal["auto"]
-
-
-@dataclass(frozen=True)
-class ThreadPlan:
-    """One service's threads: torch intra-op, inter-op, and the CPUs it is pinned to."""
-
-    threads: int
-    interop: int = 1
-    cpus: tuple[int, ...] = ()
-    """CPU ids of the service's affinity; empty: not pinned."""
-
-    def env(self) -> dict[str, str]:
-        """The environment that carries this plan to the service."""
-        n = str(self.threads)
-        env = {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, ENV_THREADS: n}
-        env[ENV_INTEROP] = str(self.interop)
-        if self.cpus:
-            env[ENV_CPUS] = ",".join(str(c) for c in self.cpus)
-        return env
 
 
 def split_cores(
@@ -134,16 +108,6 @@ def run_shares(run_dir: Path, generators: int) -> dict[str, float]:
     return {**BUSY_SHARES, **measured_shares(rows, generators)}
 
 
-def fixed_plan(threads: int) -> ThreadPlan:
-    """`run.torch_threads = N`: N threads, unpinned."""
-    return ThreadPlan(threads=threads)
-
-
-def local_cores() -> list[int]:
-    """The CPU ids this process may run on (its affinity: taskset, cgroup cpusets)."""
-    return sorted(os.sched_getaffinity(0))
-
-
 def service_plans(
     setting: TorchThreads,
     services: Sequence[str],
@@ -186,48 +150,3 @@ def size_specs(
         sized = [p for p in group if p is not None]
         if sized:
             spec.env = {**spec.env, **node_plan(sized).env()}
-
-
-def plan_from_env(setting: TorchThreads, environ: Mapping[str, str]) -> ThreadPlan:
-    """The plan a starting service applies: what `up` put in its environment, else the
-    setting (auto: every core this process may use)."""
-    if ENV_THREADS in environ:
-        cpus = environ.get(ENV_CPUS, "")
-        return ThreadPlan(
-            threads=int(environ[ENV_THREADS]),
-            interop=int(environ.get(ENV_INTEROP, "1")),
-            cpus=tuple(int(c) for c in cpus.split(",") if c),
-        )
-    if setting == "auto":
-        return ThreadPlan(threads=len(local_cores()))
-    return fixed_plan(setting)
-
-
-def pin_from_env(environ: Mapping[str, str]) -> None:
-    """Pin this process to the CPUs `up` gave it, if any (before torch starts its thread
-    pools: their threads inherit the affinity of the thread that creates them)."""
-    cpus = [int(c) for c in environ.get(ENV_CPUS, "").split(",") if c]
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-
-
-def set_torch_threads(plan: ThreadPlan) -> None:
-    """torch's intra-op and inter-op pool sizes (inter-op only before its first use)."""
-    import torch
-
-    torch.set_num_threads(plan.threads)
-    if torch.get_num_interop_threads() != plan.interop:
-        # the inter-op pool may already have run a task: then it keeps its size
-        with contextlib.suppress(RuntimeError):
-            torch.set_num_interop_threads(plan.interop)
-
-
-def current() -> dict[str, int | list[int]]:
-    """This process's torch threads and CPU affinity as they are (for the start-up log)."""
-    import torch
-
-    return {
-        "threads": torch.get_num_threads(),
-        "interop": torch.get_num_interop_threads(),
-        "cpus": sorted(os.sched_getaffinity(0)),
-    }

@@ -21,9 +21,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from grpo_stream.config.lora import LoraSettings
 
 if TYPE_CHECKING:
     import torch
@@ -124,3 +126,21 @@ def check_base(manifest: AdapterManifest, fingerprint: str, model: str) -> None:
             f"{manifest.base_fingerprint}) does not fit this generator's model.name_or_path="
             f"{model!r} (fingerprint {fingerprint}); give both services the same base model"
         )
+
+
+def lora_config(
+    settings: LoraSettings, base_path: str | None = None, inference: bool = False
+) -> Any:
+    """The peft LoraConfig for `settings` (no dropout when used for inference)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=0.0 if inference else settings.dropout,
+        target_modules=list(settings.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_path,
+        inference_mode=inference,
+    )

@@ -33,9 +33,9 @@ SHIPPED_MODELS = {
     "grpo-stream/tiny-tools": "tiny-tools",
 }
 """Model names that resolve to a directory under grpo_stream/assets (tiny-guess, tiny-calc:
-the guess and calc environments' models, built by grpo_stream.models.build_guess and
+the guess and calc environments' models, built by grpo_stream.builds.guess and
 build_calc; tiny-judge: the arith judge of `name = "judge"` rewards, build_judge; tiny-tools:
-calc through JSON function calls, grpo_stream.models.build_tools)."""
+calc through JSON function calls, grpo_stream.builds.tools)."""
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -156,3 +156,19 @@ def prepare_training(model: Any, dropout: bool, checkpointing: bool) -> None:
         disable_dropout(model)
     if checkpointing:
         enable_checkpointing(model)
+
+
+def resolve_device(device: str | None) -> str:
+    """`device` as given, or "cuda" when a GPU is visible, else "cpu"."""
+    if device is not None:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype_name(dtype: str, device: str) -> str:
+    """The parameter dtype name for `ModelSettings.dtype`: auto is bf16 on GPUs, fp32 on CPU."""
+    if dtype != "auto":
+        return dtype
+    return "float32" if device.startswith("cpu") else "bfloat16"

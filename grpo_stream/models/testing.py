@@ -3,7 +3,7 @@ no download, float32 on the CPU. One builder per architecture, so every test and
 that needs "a small Qwen2" or "a small GPT-2" of some shape gets the same construction.
 
 (The model that ships in grpo_stream/assets is another thing: a trained checkpoint, built by
-`grpo_stream.models.build_tiny`.)
+`grpo_stream.builds.tiny`.)
 """
 
 from __future__ import annotations

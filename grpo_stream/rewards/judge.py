@@ -32,8 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_stream.engines.base import resolve_device
-from grpo_stream.models.loading import load_policy, load_tokenizer
+from grpo_stream.models.loading import load_policy, load_tokenizer, resolve_device
 from grpo_stream.rewards.errors import RewardLoadError
 
 DEFAULT_TEMPLATE = "{prompt}{completion}|{answer}\nscore:"

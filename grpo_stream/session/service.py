@@ -26,11 +26,11 @@ from typing import Any
 
 import structlog
 
+from grpo_stream import threads
 from grpo_stream.config import ConfigError, RunConfig, config_from_dict
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.exits import EXIT_CONFIG_CHANGED
 from grpo_stream.hub.auth import session_key, sign
-from grpo_stream.launch import threads
 from grpo_stream.logs import setup_logging
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit

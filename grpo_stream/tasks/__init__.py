@@ -18,7 +18,6 @@ from grpo_stream.config.tasks import (
     RewardSpec,
     TaskSettings,
 )
-from grpo_stream.envs.verifiers_task import VerifiersTask
 from grpo_stream.tasks.arith import ArithTask
 from grpo_stream.tasks.base import Problem, Task
 from grpo_stream.tasks.countdown import CountdownTask
@@ -26,6 +25,7 @@ from grpo_stream.tasks.dataset import DatasetTask, TaskDataError
 from grpo_stream.tasks.guess import GuessTask
 from grpo_stream.tasks.gym import ReasoningGymTask
 from grpo_stream.tasks.holdout import HeldOut, held_out
+from grpo_stream.tasks.verifiers import VerifiersTask
 
 __all__ = [
     "ArithTask",

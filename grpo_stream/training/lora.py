@@ -29,6 +29,7 @@ from grpo_stream.models.adapter import (
     AdapterError,
     AdapterManifest,
     base_fingerprint,
+    lora_config,
     manifest_tensor,
 )
 from grpo_stream.models.loading import resolve_model
@@ -61,24 +62,6 @@ class LoraPolicy:
         )
         yield from tensors.items()
         yield MANIFEST_NAME, manifest_tensor(manifest)
-
-
-def lora_config(
-    settings: LoraSettings, base_path: str | None = None, inference: bool = False
-) -> Any:
-    """The peft LoraConfig for `settings` (no dropout when used for inference)."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        lora_dropout=0.0 if inference else settings.dropout,
-        target_modules=list(settings.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-        base_model_name_or_path=base_path,
-        inference_mode=inference,
-    )
 
 
 def check_targets(model: Any, config: Any) -> None:

@@ -26,7 +26,7 @@ def test_example_run_config_validates(name: str) -> None:
 
 
 def test_reasoning_gym_example_builds_its_task_and_eval_set() -> None:
-    from grpo_stream.tasks.checks import check_data
+    from grpo_stream.preflight.data import check_data
 
     cfg = load_config(EXAMPLES / "reasoning-gym.toml")
     assert check_data(cfg) == []
@@ -42,8 +42,8 @@ def own_rewards_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("own_rewards_importable")
 def test_own_example_reads_its_file_and_loads_its_reward(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_stream.preflight.data import check_data
     from grpo_stream.tasks import make_task
-    from grpo_stream.tasks.checks import check_data
 
     monkeypatch.chdir(EXAMPLES.parent)  # task.dataset is relative to where `up` starts
     cfg = load_config(EXAMPLES / "own.toml")
@@ -66,7 +66,7 @@ def test_own_examples_reward_scores_by_distance_to_the_answer() -> None:
 
 
 def test_own_example_without_its_path_fails_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_stream.tasks.checks import DataCheckError, check_data
+    from grpo_stream.preflight.data import DataCheckError, check_data
 
     monkeypatch.chdir(EXAMPLES.parent)
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from grpo_stream.models.build_tools import build_tools_tokenizer
+from grpo_stream.builds.tools import build_tools_tokenizer
 
 HERE = Path(__file__).parent
 

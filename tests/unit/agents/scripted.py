@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_stream.engines.base import Completion
+from grpo_stream.sampling import Completion
 
 END = "<eos>"
 

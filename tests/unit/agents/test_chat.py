@@ -109,7 +109,7 @@ def test_a_template_that_never_renders_incrementally_is_refused(tools_tokenizer:
 
 
 def test_a_tokenizer_without_template_is_one_line_naming_the_setting() -> None:
-    from grpo_stream.models.build_tiny import build_tokenizer
+    from grpo_stream.builds.tiny import build_tokenizer
 
     with pytest.raises(ValueError, match=r"model\.name_or_path"):
         ChatFormat(build_tokenizer())

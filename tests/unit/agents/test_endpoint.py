@@ -16,10 +16,10 @@ from grpo_stream.agents.calc import CALC_TOOL
 from grpo_stream.agents.chat import ChatFormat
 from grpo_stream.agents.inbox import Sampling
 from grpo_stream.agents.player import AgentPlayer, AgentRun
+from grpo_stream.builds.tools import build_tools_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import Episode
 from grpo_stream.envs.sandbox import EnvPoolError
-from grpo_stream.models.build_tools import build_tools_tokenizer
 
 from .conftest import HERE
 from .scripted import Scripted

@@ -44,7 +44,7 @@ NOT_RUN = {
     "agents": "smoke-run by tests/unit/bench/test_agents_bench.py",
     "launch_to_step": "smoke-run by tests/unit/bench/test_launch_to_step.py",
     "dynamic_sampling": "smoke-run by tests/unit/bench/test_algos_benches.py",
-    "vllm_stream": "needs vLLM: smoke-run by tests/unit/engines/test_vllm_bench.py (-m gpu)",
+    "vllm_stream": "needs vLLM: smoke-run by tests/unit/engines/vllm/test_bench.py (-m gpu)",
     "vs_trl": "needs TRL (the bench extra): smoke-run (the workload matrix's) by "
     "tests/unit/bench/test_vs_trl_matrix.py when TRL is installed",
 }

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
-from grpo_stream.launch.outcome import write_outcome
+from grpo_stream.rundir.outcome import write_outcome
 
 
 def _run_dir(tmp_path: Path) -> Path:

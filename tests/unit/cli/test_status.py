@@ -10,8 +10,8 @@ import sys
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
-from grpo_stream.launch.final import complete_steps
-from grpo_stream.launch.outcome import write_outcome
+from grpo_stream.rundir.final import complete_steps
+from grpo_stream.rundir.outcome import write_outcome
 
 
 def _finished_run(run_dir, steps: int = 3):
@@ -59,7 +59,7 @@ def test_a_failed_run_says_why(tmp_path):
 def test_a_live_run_is_asked_through_its_hub(tmp_path):
     _finished_run(tmp_path)
     code = (
-        "import sys, time; from pathlib import Path; from grpo_stream.launch.runlock import "
+        "import sys, time; from pathlib import Path; from grpo_stream.rundir.lock import "
         "acquire; lock = acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(30)"
     )
     holder = subprocess.Popen(

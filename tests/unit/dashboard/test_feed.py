@@ -13,7 +13,7 @@ import pytest
 from grpo_stream.dashboard import feed as feed_module
 from grpo_stream.dashboard.feed import Feed, sse
 from grpo_stream.dashboard.source import RunSource
-from grpo_stream.launch.outcome import write_outcome
+from grpo_stream.rundir.outcome import write_outcome
 
 POLL_S = 0.1
 

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from grpo_stream.dashboard.feed import Feed
 from grpo_stream.dashboard.server import COOKIE, create_app, is_loopback
 from grpo_stream.dashboard.source import RunSource
-from grpo_stream.launch.outcome import write_outcome
+from grpo_stream.rundir.outcome import write_outcome
 
 TOKEN = "a-token-of-more-than-sixteen-characters"
 

@@ -16,7 +16,7 @@ from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.dashboard import source as source_module
 from grpo_stream.dashboard.graph import Rates, steps_per_s
 from grpo_stream.dashboard.source import RunSource
-from grpo_stream.launch.outcome import write_outcome
+from grpo_stream.rundir.outcome import write_outcome
 from grpo_stream.transport.curve import init_keys
 
 from .live_hub import LiveHub
@@ -121,7 +121,7 @@ def test_a_held_run_whose_hub_does_not_answer_is_unreachable(
     monkeypatch.setattr(source_module, "STATUS_TIMEOUT_S", 0.3)
     (tmp_path / "hub.addr").write_text("tcp://127.0.0.1:9\n")
     code = (
-        "import sys, time; from pathlib import Path; from grpo_stream.launch.runlock import "
+        "import sys, time; from pathlib import Path; from grpo_stream.rundir.lock import "
         "acquire; lock = acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(30)"
     )
     holder = subprocess.Popen(

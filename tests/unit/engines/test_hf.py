@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_stream.engines import Engine, GroupSample
+from grpo_stream.engines import Engine
 from grpo_stream.engines.hf import HFEngine
+from grpo_stream.sampling import GroupSample
 
 PROMPTS = ["1+2=", "12+34=", "7*8=?", "100-1="]
 

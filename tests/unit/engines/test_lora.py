@@ -145,7 +145,7 @@ VLLM_TOLERANCE = 5e-2 if torch.cuda.is_available() else 1e-3  # vLLM runs bf16 o
 def vllm_lora(tiny_dir: Path) -> Iterator[Any]:
     pytest.importorskip("vllm")
     from grpo_stream.config import GeneratorSettings, ModelSettings
-    from grpo_stream.engines.vllm import VLLMEngine
+    from grpo_stream.engines.vllm.engine import VLLMEngine
 
     on_gpu = torch.cuda.is_available()
     engine = VLLMEngine.from_settings(

@@ -32,8 +32,8 @@ def test_make_engine_rejects_an_unknown_engine_name() -> None:
 
 def test_importing_engines_imports_neither_torch_nor_vllm() -> None:
     code = (
-        "import sys, grpo_stream.engines, grpo_stream.engines.vllm, "
-        "grpo_stream.engines.vllm_plugin, grpo_stream.services.generator;"
+        "import sys, grpo_stream.engines, grpo_stream.engines.vllm.engine, "
+        "grpo_stream.engines.vllm.plugin, grpo_stream.services.generator;"
         "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from grpo_stream.builds.tiny import byte_symbols
 from grpo_stream.config.algo import AdvantageSettings
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import Episode, EpisodeRun, run_episodes
@@ -18,7 +19,6 @@ from grpo_stream.envs.service import episode_rollout
 from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.hub.batches import assemble, build_batch
 from grpo_stream.hub.episodes import scored_by_env
-from grpo_stream.models.build_tiny import byte_symbols
 from grpo_stream.protocols import messages as m
 from grpo_stream.training.batch import to_tensors
 from grpo_stream.training.packing import micro_batches, sequence_logprobs

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_stream.builds.tiny import build_tokenizer
 from grpo_stream.envs.turns import TurnFormat
-from grpo_stream.models.build_tiny import build_tokenizer
 
 TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_stream.envs.base import Step
 from grpo_stream.envs.verifiers_adapter import VerifiersEnv
-from grpo_stream.envs.verifiers_task import VerifiersTask
+from grpo_stream.tasks.verifiers import VerifiersTask
 
 
 def started(spec: str, index: int = 0, **info: Any) -> tuple[VerifiersEnv, dict[str, Any]]:

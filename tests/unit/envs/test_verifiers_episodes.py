@@ -16,7 +16,7 @@ from grpo_stream.config.envs import ADAPTER_ENV, EnvSettings
 from grpo_stream.envs.episodes import Episode, EpisodeRun, run_episodes
 from grpo_stream.envs.sandbox import EnvPool
 from grpo_stream.envs.turns import TurnFormat
-from grpo_stream.envs.verifiers_task import VerifiersTask
+from grpo_stream.tasks.verifiers import VerifiersTask
 
 pytestmark = pytest.mark.slow  # each worker imports verifiers (10-20 s on a loaded machine)
 

@@ -13,16 +13,8 @@ from grpo_stream.config import ConfigError, load_config
 from grpo_stream.launch import placed, threads
 from grpo_stream.launch.placement import Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
-from grpo_stream.launch.threads import (
-    ENV_CPUS,
-    ENV_THREADS,
-    ThreadPlan,
-    measured_shares,
-    plan_from_env,
-    service_plans,
-    size_specs,
-    split_cores,
-)
+from grpo_stream.launch.threads import measured_shares, service_plans, size_specs, split_cores
+from grpo_stream.threads import ENV_CPUS, ENV_THREADS, ThreadPlan, plan_from_env
 
 EQUAL = {"trainer": 1.0, "generator": 1.0}
 
@@ -116,7 +108,7 @@ def test_a_trainer_node_of_two_ranks_pins_both_to_its_cores() -> None:
 
 CHILD = """
 import json, os
-from grpo_stream.launch import threads
+from grpo_stream import threads
 threads.pin_from_env(os.environ)
 threads.set_torch_threads(threads.plan_from_env("auto", os.environ))
 print(json.dumps(threads.current()))

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_stream.builds.tiny import arith_pairs, build_tokenizer, expected_accuracy
 from grpo_stream.config import DEFAULT_MODEL
-from grpo_stream.models.build_tiny import arith_pairs, build_tokenizer, expected_accuracy
 from grpo_stream.models.loading import load_policy, load_tokenizer, resolve_model
 
 

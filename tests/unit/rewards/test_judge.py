@@ -9,8 +9,8 @@ import re
 
 import pytest
 
+from grpo_stream.builds.judge import evaluation_set
 from grpo_stream.config.tasks import RewardSpec
-from grpo_stream.models.build_judge import evaluation_set
 from grpo_stream.rewards import RewardLoadError, load_reward
 from grpo_stream.rewards.builtin import exact_match
 from grpo_stream.rewards.judge import Judge, Unparsed, fill, parse

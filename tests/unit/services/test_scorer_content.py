@@ -13,7 +13,7 @@ import pytest
 from grpo_stream.config import config_from_dict
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.hub.content import ContentCheck
-from grpo_stream.hub.payload_store import PayloadFetcher, PayloadServer, PayloadStore
+from grpo_stream.hub.payloads.store import PayloadFetcher, PayloadServer, PayloadStore
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import PayloadLost, ScoreRef
 from grpo_stream.services.scorer import _fetched

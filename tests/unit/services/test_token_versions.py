@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_stream.engines import Completion
+from grpo_stream.sampling import Completion
 from grpo_stream.services.rollouts import token_version_runs
 
 

@@ -1,1 +1,0 @@
-"""The teacher of on-policy distillation: engines that score completion tokens (`engines`)."""
