@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -13,6 +13,16 @@ from pathlib import Path
 from grpo_stream.models.loading import SHIPPED_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def source_modules() -> list[str]:
+    """Every module of the source tree, as the wheel should hold it (package-dir mapped)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    out = []
+    for package, folder in setuptools["package-dir"].items():
+        for path in (ROOT / folder).rglob("*.py"):
+            out.append("/".join([*package.split("."), *path.relative_to(ROOT / folder).parts]))
+    return out
 
 
 def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
@@ -42,12 +52,16 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     for page in ("index.html", "dashboard.js", "dashboard.css"):  # the dashboard's page
         assert f"grpo_stream/dashboard/static/{page}" in names
     assert not any(n.startswith(("services/", "protocols/")) for n in names)
+    missing = [m for m in source_modules() if m not in names]
+    assert missing == [], "modules left out of the wheel: add their package to pyproject.toml"
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
-    # the dependencies come from this environment (no downloads); the project from the wheel only
-    site = Path(sysconfig.get_paths()["purelib"])
+    # the dependencies come from this environment (no downloads): its site directories, also
+    # one reached through a .pth file (a worktree's venv over a shared one); the project from
+    # the wheel only (a .pth file in a directory named by deps.pth is not run: no editable finder)
+    sites = [p for p in sys.path if p.endswith("site-packages")]
     (
         Path(
             subprocess.check_output(
@@ -55,7 +69,7 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
             ).strip()
         )
         / "deps.pth"
-    ).write_text(str(site) + "\n")
+    ).write_text("\n".join(sites) + "\n")
     subprocess.run(
         [py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         check=True,
