@@ -27,6 +27,12 @@ Invariants:
   tensor's name, shape, dtype and device are unchanged, so a per-step restore point allocates
   nothing after the first (plain tensors only; DTensor shards are cloned as before). The
   snapshot's tensors never alias the live state: a rollback hands the optimizer a clone.
+- Overlap (GPU parameters, snapshot on the CPU): the copy goes to pinned host memory on a
+  side CUDA stream, issued after the step's work and overlapping the next step's forward and
+  backward, which do not change what it reads; `before_update()` (called before each
+  optimizer step) makes the compute stream wait for it, and a rollback waits for it on the
+  host before it reads the snapshot. So a restore point is always whole when it is used,
+  and its copy costs no compute time while the next step's work is longer than the copy.
 - Memory: the snapshot holds a copy of the model's state dict less its frozen parameters
   (1x the trainable parameters, plus buffers) and of the optimizer state (2x the trainable
   parameters for AdamW), on the parameters' device unless `snapshot_on_cpu` (the default);
@@ -38,6 +44,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -98,10 +105,26 @@ def load_restorable(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> N
         )
 
 
+def _to_host(src: torch.Tensor, dst: torch.Tensor | None) -> torch.Tensor:
+    """`src` (a plain CUDA tensor) copied into pinned host memory (`dst` when given), without
+    waiting: the copy is on the current stream (`RollbackGuard._copy_stream`'s)."""
+    if dst is None:
+        dst = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
+    src.record_stream(torch.cuda.current_stream())  # the allocator keeps it for this stream
+    return dst.copy_(src, non_blocking=True)
+
+
+def _overlapped(src: torch.Tensor, device: torch.device | None) -> bool:
+    """Whether `src` goes to the host asynchronously (see the module docstring: Overlap)."""
+    return device is not None and device.type == "cpu" and type(src) is torch.Tensor and src.is_cuda
+
+
 def _clone_tree(obj: Any, device: torch.device | None) -> Any:
     """Deep copy of a nest of dicts/lists/tuples whose tensors are cloned (to `device`)."""
     if isinstance(obj, torch.Tensor):
         out = obj.detach()
+        if _overlapped(out, device):
+            return _to_host(out, None)
         return out.to(device, copy=True) if device is not None else out.clone()
     if isinstance(obj, dict):
         return {k: _clone_tree(v, device) for k, v in obj.items()}
@@ -116,6 +139,8 @@ def _refresh_tree(old: Any, new: Any, device: torch.device | None) -> Any:
     """`_clone_tree(new, device)`, reusing `old`'s tensors (copied into) where they match."""
     if isinstance(new, torch.Tensor):
         if _reusable(old, new, device):
+            if _overlapped(new, device) and old.is_pinned():
+                return _to_host(new.detach(), old)
             return old.copy_(new.detach())
         return _clone_tree(new, device)
     if isinstance(new, dict):
@@ -160,6 +185,8 @@ class RollbackGuard:
         self.last_cause: str | None = None  # what the last failed `check` found
         self.restores_weights = False  # the last rollback went back past applied steps
         self._snap: _Snapshot | None = None
+        self._copy_stream: torch.cuda.Stream | None = None  # the overlapped copy's stream
+        self._copied: torch.cuda.Event | None = None  # recorded when that copy is done
 
     @property
     def snapshot_step(self) -> int | None:
@@ -186,20 +213,52 @@ class RollbackGuard:
         step: int,
         scheduler: Any = None,
     ) -> None:
-        """Copy the current (stable) state as the restore point."""
+        """Copy the current (stable) state as the restore point (on GPUs with the snapshot
+        on the CPU, an overlapped copy: see the module docstring)."""
         device = torch.device("cpu") if self.settings.snapshot_on_cpu else None
         prev = self._snap
         self._snap = None  # a failure while copying must not leave a half-written restore point
+        weights = restorable_state(model)
+        stream = self._side_stream(weights, device)
+        with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
+            snap_model = _refresh_tree(prev.model if prev else None, weights, device)
+            snap_optimizer = _refresh_tree(
+                prev.optimizer if prev else None, optimizer.state_dict(), device
+            )
+        if stream is not None:
+            self._copied = stream.record_event()
         self._snap = _Snapshot(
             step=step,
-            model=_refresh_tree(prev.model if prev else None, restorable_state(model), device),
-            optimizer=_refresh_tree(
-                prev.optimizer if prev else None, optimizer.state_dict(), device
-            ),
+            model=snap_model,
+            optimizer=snap_optimizer,
             regularizer=copy.deepcopy(regularizer.state_dict()),
             scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
             rng=_clone_tree(rng_state(), None),
         )
+
+    def _side_stream(
+        self, weights: dict[str, torch.Tensor], device: torch.device | None
+    ) -> torch.cuda.Stream | None:
+        """The copy stream, made to follow the work issued so far, when the snapshot of these
+        weights is an overlapped copy; None otherwise (a synchronous copy)."""
+        first = next(iter(weights.values()), None)
+        if first is None or not _overlapped(first, device):
+            return None
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=first.device)
+        self._copy_stream.wait_stream(torch.cuda.current_stream(first.device))
+        return self._copy_stream
+
+    def before_update(self) -> None:
+        """Before an optimizer step changes the weights and moments: the compute stream waits
+        for an overlapped copy of the restore point still reading them (no host wait)."""
+        if self._copied is not None:
+            torch.cuda.current_stream(self._copied.device).wait_event(self._copied)
+
+    def _settle(self) -> None:
+        """The restore point is whole on the host (waits for an overlapped copy)."""
+        if self._copied is not None:
+            self._copied.synchronize()
 
     def after_step(
         self,
@@ -270,6 +329,7 @@ class RollbackGuard:
             )
         pre_lrs = [group["lr"] for group in optimizer.param_groups]
         pre_tau = regularizer.tau
+        self._settle()
         load_restorable(model, self._snap.model)
         # load_state_dict may keep the tensors it is given: hand it a copy, keep the snapshot
         optimizer.load_state_dict(_clone_tree(self._snap.optimizer, None))

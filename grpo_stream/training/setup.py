@@ -86,6 +86,15 @@ def start_rank(cfg: RunConfig) -> tuple[str, Mode, int, int]:
     return device, mode, rank, world
 
 
+def shards(cfg: RunConfig, world: int) -> bool:
+    """Whether the policy is sharded with FSDP2 (trainer.parallel = fsdp2) over the process
+    group: every rank's when there are several, and a world of one when the caller opened
+    a process group itself (bench/gpu_scale.py measures FSDP2's own cost that way)."""
+    dist = torch.distributed
+    grouped = world > 1 or (dist.is_available() and dist.is_initialized())
+    return grouped and cfg.trainer.parallel == "fsdp2"
+
+
 def make_schedule(optimizer: torch.optim.Optimizer, warm: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A linear warm-up over `warm` steps (none when 0), then the optimizer's lr."""
     return torch.optim.lr_scheduler.LambdaLR(

@@ -58,6 +58,7 @@ from grpo_stream.training.setup import (
     load_models,
     make_optimizer,
     make_schedule,
+    shards,
     start_rank,
     wrap_ddp,
 )
@@ -104,7 +105,7 @@ class TrainState:
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
         torch.manual_seed(cfg.run.seed)
         device, mode, rank, world = start_rank(cfg)
-        sharded = world > 1 and cfg.trainer.parallel == "fsdp2"
+        sharded = shards(cfg, world)
         # rank 0's checkpoint; a rank without its own copy gets its state from rank 0
         weights, ckpt, sent = resume_point(Path(cfg.run.run_dir), resume, rank, world, sharded)
         model, tokenizer, ref, lora = load_models(cfg, device, mode, weights, sharded)
@@ -222,6 +223,7 @@ class TrainState:
         reg = self.regularizer.apply(params)
         if reg.skip is not None:
             return self._rollback(reg.skip, grad_norm=reg.norm_before, tau=reg.tau)
+        self.guard.before_update()  # an overlapped restore point still reading the weights
         self.precision.step(self.optimizer)
         metrics.update(
             loss=float(loss),
