@@ -54,37 +54,47 @@ requirements, nvml, fingerprint = _host.requirements, _host.nvml, _host.fingerpr
 
 
 # ----- the trainer, the hf generator and publishing -------------------------------------
+def group_of(rng: Any, gid: int, prompt: int, lengths: Any, logprob: float | None = None) -> Any:
+    """One scored group as the hub holds it: a `prompt`-token prompt and completions of
+    `lengths`, token ids in 3..249, rewards uniform in [0, 1), behaviour log-probs `logprob`
+    (None: uniform in -4..-3)."""
+    import numpy as np
+
+    from grpo_stream.hub.replay import Group
+    from grpo_stream.protocols.messages import SamplingParams
+
+    size = len(lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rewards = rng.random(size).astype(np.float32)
+    total = int(offsets[-1])
+    logprobs = -rng.random(total) - 3.0 if logprob is None else np.full(total, logprob)
+    return Group(
+        group_id=gid,
+        policy_version=0,
+        prompt_ids=rng.integers(3, 250, size=prompt).astype(np.int32),
+        completion_ids=rng.integers(3, 250, size=total).astype(np.int32),
+        completion_offsets=offsets,
+        logprobs=logprobs.astype(np.float32),
+        rewards=rewards,
+        advantages=((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32),
+        valid=np.ones(size, dtype=bool),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=int(max(lengths))),
+    )
+
+
 def make_batch(seed: int, sequences: int, median: float, max_len: int) -> Any:
     """A TrainBatch of `sequences` completions (groups of 8) with log-normal lengths (sigma
     1, clipped to 16..max_len) and prompts of 8..24 tokens, as the hub builds it."""
     import numpy as np
 
     from grpo_stream.hub.batches import build_batch
-    from grpo_stream.hub.replay import Group
-    from grpo_stream.protocols.messages import SamplingParams
 
     rng = np.random.default_rng(seed)
     groups = []
     for gid in range(max(1, sequences // GROUP)):
         raw = rng.lognormal(np.log(median), 1.0, size=GROUP)
         lengths = np.clip(raw.astype(np.int64), min(16, max_len), max_len)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        rewards = rng.random(GROUP).astype(np.float32)
-        total = int(offsets[-1])
-        groups.append(
-            Group(
-                group_id=gid,
-                policy_version=0,
-                prompt_ids=rng.integers(3, 250, size=int(rng.integers(8, 25))).astype(np.int32),
-                completion_ids=rng.integers(3, 250, size=total).astype(np.int32),
-                completion_offsets=offsets,
-                logprobs=(-rng.random(total) - 3.0).astype(np.float32),
-                rewards=rewards,
-                advantages=((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32),
-                valid=np.ones(GROUP, dtype=bool),
-                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=max_len),
-            )
-        )
+        groups.append(group_of(rng, gid, int(rng.integers(8, 25)), lengths))
     return build_batch(1, groups)
 
 

@@ -37,31 +37,9 @@ done
 case "$BUNDLE" in /*) ;; *) BUNDLE="$PWD/$BUNDLE" ;; esac
 PY="${PYTHON:-python3}"
 WORK="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu-check.XXXXXX)}"
-SITE="$WORK/site"
 BUDGET="${GPU_CHECK_BUDGET:-$([ -n "$CPU" ] && echo 600 || echo 480)}"
-mkdir -p "$WORK"
-: >"$WORK/rc.txt"
-cd "$WORK" || exit 2
-export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE"
-
-step() { # step NAME SECONDS CMD...: run CMD under the time limit; its rc goes to rc.txt
-  local name=$1 limit=$2
-  shift 2
-  [ -z "$ONLY" ] || [[ "$ONLY" == *",$name,"* ]] || return 0
-  local left=$((BUDGET - SECONDS - 15))
-  [ "$left" -lt "$limit" ] && limit=$left
-  if [ "$limit" -lt 10 ]; then
-    echo "no time left of GPU_CHECK_BUDGET=$BUDGET s" >"$WORK/$name.log"
-    echo "$name 124" >>"$WORK/rc.txt"
-    return 0
-  fi
-  echo "== $name (limit ${limit} s)" >&2
-  local t0=$SECONDS
-  LIMIT=$limit timeout --kill-after=10 "$limit" "$@" >"$WORK/$name.log" 2>&1
-  local rc=$?
-  echo "   rc=$rc after $((SECONDS - t0)) s" >&2
-  echo "$name $rc" >>"$WORK/rc.txt"
-}
+# shellcheck source=bench/gpu_steps.sh
+. "$ROOT/bench/gpu_steps.sh"
 
 part() { # part NAME: the python side of one step
   "$PY" -P "$CHECK" "$1" $CPU --model "$MODEL" --json-out "$WORK/$1.json" \
@@ -70,14 +48,7 @@ part() { # part NAME: the python side of one step
 export -f part
 export PY CHECK CPU MODEL WORK SITE BUNDLE
 
-if [ -f "$BUNDLE/bundle.json" ]; then
-  step install 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --disable-pip-version-check --upgrade --target "$SITE" "$BUNDLE"/*.whl
-else
-  echo "no bundle at $BUNDLE (bundle.json): build it with python scripts/gpu_bundle.py" \
-    | tee "$WORK/install.log" >&2
-  echo "install 1" >>"$WORK/rc.txt"
-fi
+install_bundle
 step requirements 60 bash -c 'part requirements'
 step nvml 30 bash -c 'part nvml'
 step fingerprint 60 bash -c 'part fingerprint'
@@ -90,8 +61,5 @@ OUT_DIR="${OUT:-$WORK}"
 mkdir -p "$OUT_DIR"
 "$PY" -P "$CHECK" summary --work "$WORK" --out "$OUT_DIR"
 status=$?
-while read -r name rc; do
-  echo "== $name rc=$rc"
-  tail -n 60 "$WORK/$name.log"
-done <"$WORK/rc.txt" >"$OUT_DIR/gpu_check.log"
+write_logs "$OUT_DIR/gpu_check.log"
 exit $status

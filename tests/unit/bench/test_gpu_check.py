@@ -16,17 +16,13 @@ at that version (transformers 5.17.0, huggingface-hub 1.33.0, ...). Needs PyPI (
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -37,16 +33,8 @@ PARTS = REPO / "bench" / "gpu_check.py"
 STAND_INS = {"torch", "numpy"}  # linked from here whatever the image's version (see above)
 
 
-def _bundler() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_bundle", REPO / "scripts" / "gpu_bundle.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_bundle"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_bundle = _bundler()
+sys.path.insert(0, str(Path(__file__).parent))
+from rehearsal import Image, gpu_bundle, run_script  # noqa: E402
 
 
 def test_the_image_list_says_what_the_gpu_machine_has_and_lacks() -> None:
@@ -113,125 +101,23 @@ def test_the_fingerprint_step_reads_the_clis_whole_json(tmp_path: Path) -> None:
 
 
 # ----- the CPU rehearsal ------------------------------------------------------------------
-def _link(site: Path, dist: metadata.Distribution) -> None:
-    """Hard-link an installed distribution's files (those inside site-packages) into `site`."""
-    for file in dist.files or []:
-        source = Path(str(dist.locate_file(file)))
-        if ".." in file.parts or not source.is_file():
-            continue
-        target = site / file
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.link(source, target)
-
-
-def _requires(dist: metadata.Distribution) -> list[str]:
-    from packaging.requirements import Requirement
-
-    out = []
-    for line in dist.requires or []:
-        req = Requirement(line)
-        if req.marker is None or req.marker.evaluate({"extra": ""}):
-            out.append(req.name)
-    return out
-
-
-def image_venv(venv: Path, needed: list[str], bundled: set[str]) -> tuple[list[str], list[str]]:
-    """A venv holding `needed` and what they require that the GPU image has: pinned ones
-    installed by pip at the image's version, the rest linked from this environment. What
-    the bundle carries (`bundled`) is left to the bundle, as on the GPU machine (typer 0.29
-    here requires pydantic); what an image package requires that the image list lacks is
-    left out, as it is there (pandas here requires tzdata). Returns (the canonical names the
-    venv holds, "X (required by Y)" of those left out)."""
-    image = gpu_bundle.read_image(REPO / "bench" / "gpu_image.txt")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = venv / "lib" / version / "site-packages"
-    _link(site, metadata.distribution("pip"))
-    held: dict[str, metadata.Distribution] = {}
-    lacking: set[str] = set()
-    done = set(bundled)  # names settled without a distribution in the venv
-    todo = [(name, "the bundle") for name in [*needed, "pip"]]
-    while todo:
-        pinned = []
-        for name, parent in todo:
-            key = gpu_bundle.canonical(name)
-            if key in held or key in done:
-                continue
-            if key not in image.pins:
-                assert parent != "the bundle", f"the bundle relies on {name}: not in the image"
-                lacking.add(f"{key} (required by {parent})")
-                done.add(key)
-                continue
-            if image.pins[key] and key not in STAND_INS:
-                pinned.append(f"{key}=={image.pins[key]}")
-                continue
-            dist = metadata.distribution(name)
-            if key != "pip":
-                _link(site, dist)
-            held[key] = dist
-        if pinned:
-            pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-            subprocess.run([*pip, "install", "-q", "--no-deps", *pinned], check=True)
-        installed = {
-            gpu_bundle.canonical(d.metadata["Name"]): d
-            for d in metadata.distributions(path=[str(site)])
-        }
-        held.update({k: installed[k] for k in (p.split("==")[0] for p in pinned)})
-        todo = [
-            (r, key)
-            for key in list(held)
-            for r in _requires(held[key])
-            if gpu_bundle.canonical(r) not in held and gpu_bundle.canonical(r) not in done
-        ]
-    names = sorted(
-        gpu_bundle.canonical(d.metadata["Name"]) for d in metadata.distributions(path=[str(site)])
-    )
-    return names, sorted(lacking)
-
-
-def run_check(venv: Path, bundle: Path, work: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "OUT")}
-    env.update(PYTHON=str(venv / "bin" / "python"), GPU_CHECK_WORK=str(work), OUT=str(work / "out"))
-    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
-    cmd = ["bash", str(CHECK), "--cpu", "--bundle", str(bundle), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=work)
-
-
 @pytest.fixture(scope="module")
-def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("rehearsal")
-    bundle = root / "bundle"
-    glibc = platform.libc_ver()[1] or "2.28"
-    build = [
-        sys.executable,
-        str(REPO / "scripts" / "gpu_bundle.py"),
-        "--out",
-        str(bundle),
-        "--python-version",
-        f"{sys.version_info.major}.{sys.version_info.minor}",
-        "--glibc",
-        ".".join(glibc.split(".")[:2]),
-    ]
+def rehearsal(gpu_image: Image) -> dict[str, Any]:
+    work = gpu_image.root / "check-work"
+    work.mkdir()
     t0 = time.perf_counter()
-    built = subprocess.run(build, capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-2000:]
-    manifest = json.loads((bundle / "bundle.json").read_text())
-    bundled = {c.split("==")[0] for c in manifest["carried"]}
-    t1 = time.perf_counter()
-    held, lacking = image_venv(root / "venv", list(manifest["image_relied_on"]), bundled)
-    (root / "work").mkdir()
-    t2 = time.perf_counter()
-    done = run_check(root / "venv", bundle, root / "work")
-    t3 = time.perf_counter()
-    print(f"rehearsal: bundle {t1 - t0:.0f} s, venv {t2 - t1:.0f} s, check {t3 - t2:.0f} s")
+    done = run_script(CHECK, gpu_image, work)
+    print(f"rehearsal: check {time.perf_counter() - t0:.0f} s")
     print("".join(line for line in done.stderr.splitlines(keepends=True) if "rc=" in line))
     return {
-        "root": root,
-        "bundle": bundle,
-        "manifest": manifest,
-        "held": held,
-        "lacking": lacking,
+        "root": gpu_image.root,
+        "work": work,
+        "bundle": gpu_image.bundle,
+        "manifest": gpu_image.manifest,
+        "held": gpu_image.held,
+        "lacking": gpu_image.lacking,
         "done": done,
+        "image": gpu_image,
     }
 
 
@@ -270,7 +156,7 @@ def test_the_rehearsal_venv_holds_only_the_gpu_images_packages(rehearsal: dict[s
 def test_gpu_check_cpu_passes_end_to_end_on_the_installed_package(
     rehearsal: dict[str, Any],
 ) -> None:
-    done, work = rehearsal["done"], rehearsal["root"] / "work"
+    done, work = rehearsal["done"], rehearsal["work"]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "| step up | ok |" in done.stdout
     data = json.loads((work / "out" / "gpu_check.json").read_text())
@@ -295,7 +181,8 @@ def test_a_wheel_missing_from_the_bundle_fails_the_check_after_the_table(
     for wheel in broken.glob("antlr4_python3_runtime-*.whl"):  # latex2sympy2-extended needs it
         wheel.unlink()
     (root / "broken").mkdir()
-    done = run_check(root / "venv", broken, root / "broken", "--only", "install,requirements")
+    image = dataclasses.replace(rehearsal["image"], bundle=broken)
+    done = run_script(CHECK, image, root / "broken", "--only", "install,requirements")
     assert done.returncode == 1
     assert "| step requirements | FAILED |" in done.stdout
     data = json.loads((root / "broken" / "out" / "gpu_check.json").read_text())
