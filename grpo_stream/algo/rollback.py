@@ -245,7 +245,7 @@ class RollbackGuard:
         if first is None or not _overlapped(first, device):
             return None
         if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(device=first.device)
+            self._copy_stream = torch.cuda.Stream(device=first.device)  # type: ignore[no-untyped-call]
         self._copy_stream.wait_stream(torch.cuda.current_stream(first.device))
         return self._copy_stream
 
