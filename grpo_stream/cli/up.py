@@ -26,13 +26,18 @@ def up(
     overrides: list[str] = typer.Option([], "--set", help="Override a setting: section.key=value."),
     run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (overrides run.run_dir)."),
     max_steps: int = typer.Option(
-        None, "--max-steps", help="Trainer steps (overrides run.max_steps)."
+        None, "--max-steps", help="Trainer steps in all (overrides run.max_steps)."
     ),
     sync: bool = typer.Option(
         False, "--sync", metavar="", help="On-policy: hub.max_staleness = 0 (a flag)."
     ),
     resume: bool = typer.Option(
-        False, "--resume", metavar="", help="Resume from the run directory's checkpoints."
+        False,
+        "--resume",
+        metavar="",
+        help="Continue the run in the run directory: its config.toml is the run's; --config "
+        "and --set may change only what does not change what is trained (more steps, "
+        "logging, eval, services).",
     ),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", metavar="", help="Show every event, not only the important ones."
@@ -59,13 +64,13 @@ def up(
     ),
 ) -> None:
     """Run the whole pipeline (default: the tiny model on arith, on this machine)."""
-    from grpo_stream.config import ConfigError, load_config
+    from grpo_stream.config import ConfigError
     from grpo_stream.config.cluster import ClusterError, read_launch_file
+    from grpo_stream.config.resume import load_run_config
     from grpo_stream.launch import cluster as launch
     from grpo_stream.launch.console import RunConsole
     from grpo_stream.launch.up import LaunchError, Up
     from grpo_stream.preflight import PreflightError, check_config_file
-    from grpo_stream.rundir.outcome import write_outcome
 
     _check_launcher(launcher, address, cluster)
     hosts = None
@@ -95,7 +100,8 @@ def up(
         extra.append("hub.max_staleness=0")
     try:
         check_config_file(config)
-        cfg = load_config(config, (launch.config_overrides(hosts) if hosts else []) + extra)
+        binds = launch.config_overrides(hosts) if hosts else []
+        cfg, changed = load_run_config(config, binds + extra, resume)
         if hosts is None and launcher == "local":  # elsewhere the trainer's host checks them
             from grpo_stream.training.device import trainer_preflight
 
@@ -104,7 +110,7 @@ def up(
         fail(str(exc))
     local_model = hosts is None and launcher == "local"
     if check:
-        _check_only(cfg, local_model=local_model)
+        _check_only(cfg, resume, local_model=local_model)
     # a dry run takes nothing: no lock, no run directory, no saved placement
     lock = None if dry_run else _take_run_dir(cfg, resume, local_model=local_model)
     rd = Path(cfg.run.run_dir)
@@ -118,7 +124,8 @@ def up(
                 cfg, hosts, resume, save=lock is not None, environ=dict(os.environ)
             )
         if hosts is not None:  # rank 0 where the placement put it, ranks as it counts them
-            cfg = load_config(config, placed.cluster_overrides(hosts, placement) + extra)
+            binds = placed.cluster_overrides(hosts, placement)
+            cfg = load_run_config(config, binds + extra, resume)[0]
     except (PlacementError, ClusterError, ConfigError) as exc:
         fail(str(exc))
     _run_secret(cfg, write=lock is not None)
@@ -134,20 +141,26 @@ def up(
             runner.close()
         return
     resolved.write_text(cfg.to_toml())
+    if changed:
+        console.note(
+            f"resuming {rd} with its config.toml; this command changed {', '.join(changed)}"
+        )
     for note in notes:
         console.note(note)
     try:
         result = up_run.run(lambda hub: placed.placed_specs(cfg, placement, hub, resume, hosts))
     except LaunchError as exc:
-        write_outcome(rd, "failed", console.steps, str(exc))
         fail(str(exc), code=1)
     finally:
         lock.release()
         if runner is not None:
             runner.close()
-    write_outcome(rd, "completed" if result.completed else "interrupted", result.steps)
     if not result.completed:
-        fail(f"stopped after {result.steps} steps (resume with --resume --run-dir {rd})", code=130)
+        fail(
+            f"stopped after {result.steps} of {cfg.run.max_steps} steps; to continue: "
+            f"grpo-stream up --resume --run-dir {rd}",
+            code=130,
+        )
 
 
 LAUNCHERS = ("local", "ray")
@@ -203,14 +216,16 @@ def _take_run_dir(cfg: RunConfig, resume: bool, local_model: bool) -> RunLock:
         fail(str(exc))
 
 
-def _check_only(cfg: RunConfig, local_model: bool) -> NoReturn:
-    """`up --check`: the pre-flight checks alone, one line each; exit 0, or 2 at the first
-    that fails."""
+def _check_only(cfg: RunConfig, resume: bool, local_model: bool) -> NoReturn:
+    """`up --check`: the pre-flight checks alone, one line each, and what the run directory
+    holds (as `up` would judge it); exit 0, or 2 at the first that fails."""
+    from grpo_stream.launch.prepare import StartError, check_run_dir_state
     from grpo_stream.preflight import PreflightError, preflight
 
     try:
         lines = preflight(cfg, local_model=local_model)
-    except PreflightError as exc:
+        check_run_dir_state(cfg, resume)
+    except (PreflightError, StartError) as exc:
         fail(str(exc))
     for line in lines:
         typer.echo(f"ok  {line}")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from grpo_stream.config import RunConfig
 from grpo_stream.preflight import PreflightError, preflight
+from grpo_stream.rundir.final import complete_steps
 from grpo_stream.rundir.lock import RunLock, RunLocked, acquire, export_owner
 from grpo_stream.rundir.outcome import clear_outcome
 
@@ -30,11 +31,28 @@ def start_run(cfg: RunConfig, resume: bool, local_model: bool = True) -> RunLock
         raise StartError(str(exc)) from None
     if lock is None:  # only a hub started by `up` runs under another's lock
         raise StartError(f"{rd} is held by the `up` that started this process")
-    if not resume and (rd / "metrics.jsonl").exists():
+    try:
+        check_run_dir_state(cfg, resume)
+    except StartError:
         lock.release()
-        raise StartError(
-            f"{rd} already holds a run: pass --resume to continue it or --run-dir for a new one"
-        )
+        raise
     export_owner(lock)
     clear_outcome(rd)
     return lock
+
+
+def check_run_dir_state(cfg: RunConfig, resume: bool) -> None:
+    """What the run directory holds agrees with the command: a new run needs a directory
+    without one; a resume needs steps left to train (run.max_steps above its last
+    checkpoint). `up --check` asks the same, so it never passes what `up` then refuses."""
+    rd = Path(cfg.run.run_dir)
+    if not resume and (rd / "metrics.jsonl").exists():
+        raise StartError(
+            f"{rd} already holds a run: pass --resume to continue it or --run-dir for a new one"
+        )
+    done = max(complete_steps(rd), default=0) if resume else 0
+    if done >= cfg.run.max_steps:
+        raise StartError(
+            f"{rd} has trained {done} steps and run.max_steps is {cfg.run.max_steps}: pass "
+            f"--max-steps N (more than {done}) to train it further"
+        )

@@ -27,6 +27,7 @@ from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.launch.console import RunConsole
 from grpo_stream.launch.dashboard import DashboardProcess
 from grpo_stream.launch.supervisor import Launched, Runner, ServiceSpec, Supervisor
+from grpo_stream.rundir.outcome import write_outcome
 
 CLEAN_EXIT_GRACE_S = 20.0  # a clean exit not followed by the trainer's end in this long: restart
 
@@ -199,8 +200,11 @@ class Up:
         raise LaunchError(f"hub did not start within {timeout_s:.0f}s (no hub.started event)")
 
     def run(self, specs_for_hub: Any = None) -> UpResult:
+        """Start, watch and stop the run; RUN_DIR/outcome.json says how it ended (written
+        before the dashboard stops, so its open pages show the end, not a lost connection)."""
         old = signal.signal(signal.SIGINT, self._on_signal)
         old_term = signal.signal(signal.SIGTERM, self._on_signal)
+        failure = ""
         try:
             hub = self.start_hub()
             specs = specs_for_hub(hub) if specs_for_hub else local_specs(self.cfg, hub, self.resume)
@@ -209,10 +213,19 @@ class Up:
             self.dashboard.start()
             self.console.started(hub, [s.instance for s in specs], self.cfg.run.max_steps)
             self._watch()
+        except LaunchError as exc:
+            failure = str(exc)
+            raise
+        except Exception as exc:  # a fault of `up` itself: still say how the run ended
+            failure = f"up stopped on {exc!r}"
+            raise
         finally:
             self._shutdown()
             signal.signal(signal.SIGINT, old)
             signal.signal(signal.SIGTERM, old_term)
+            ended = "failed" if failure else "completed" if self.trainer_done else "interrupted"
+            write_outcome(self.run_dir, ended, self.steps, failure)
+            self.dashboard.stop()
             self.console.finished(self.steps, self.run_dir)
         return UpResult(self.trainer_done, self.steps, self.run_dir)
 
@@ -268,7 +281,6 @@ class Up:
             self.console.event(event)
 
     def _shutdown(self) -> None:
-        self.dashboard.stop()
         self._show(self.sup.drain(0.05))
         self.sup.stop_all(grace_s=20)
         self._show(self.sup.drain(0.05))
