@@ -142,14 +142,15 @@ def _serve(
         fail(f"cannot bind {settings.host}:{settings.port} (dashboard.host, .port): {exc}")
     url = url_of(sock, settings.host, token)
     source = RunSource(run_dir, hub, security)
-    app = create_app(Feed(source, settings.poll_s), settings.host, token)
+    feed = Feed(source, settings.poll_s)
+    app = create_app(feed, settings.host, token)
     where = url_file or (run_dir / URL_FILE if run_dir is not None else None)
     if where is not None:
         _write_private(where, url + "\n")
     if moved:
         typer.echo(f"port {settings.port} is in use: serving on another", err=True)
     typer.echo(f"dashboard at {url}", err=True)
-    serve(app, sock)
+    serve(app, sock, feed)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -7,7 +7,9 @@ Invariants:
   (the snapshot is taken and the page subscribed under the lock that each poll's update holds
   while it is applied and sent);
 - a page that falls `MAX_BEHIND` updates behind is dropped (its stream ends; the browser's
-  EventSource reconnects and starts again from a snapshot), so memory stays bounded.
+  EventSource reconnects and starts again from a snapshot), so memory stays bounded;
+- when the server stops (`close`), every open page gets one last update, polled then (a run
+  that `up` has ended says so in it: completed, interrupted, failed), and its stream ends.
 """
 
 from __future__ import annotations
@@ -66,6 +68,17 @@ class Feed:
                 yield item
         finally:
             self._subscribers.discard(queue)
+
+    async def close(self) -> None:
+        """The server is stopping: one last poll for the open pages, then end their streams."""
+        async with self._lock:
+            if self._subscribers:
+                await self._poll_and_send()
+            for queue in list(self._subscribers):
+                self._subscribers.discard(queue)
+                if queue.full():
+                    queue.get_nowait()  # room for the end mark
+                queue.put_nowait(None)
 
     def _start(self) -> None:
         if self._task is None or self._task.done():

@@ -156,8 +156,22 @@ def url_of(sock: socket.socket, host: str, token: str | None) -> str:
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
-def serve(app: ASGIApp, sock: socket.socket) -> None:
-    """Run `app` on `sock` until SIGINT or SIGTERM (open streams get a second to end)."""
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose shutdown first gives the open pages the feed's last update
+    (`Feed.close`), so a page open when the run ends shows how it ended."""
+
+    def __init__(self, config: uvicorn.Config, feed: Feed) -> None:
+        super().__init__(config)
+        self.feed = feed
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.feed.close()
+        await super().shutdown(sockets)
+
+
+def serve(app: ASGIApp, sock: socket.socket, feed: Feed) -> None:
+    """Run `app` on `sock` until SIGINT or SIGTERM: the open pages get `feed`'s last update,
+    then their streams end (any still open get a second)."""
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -165,4 +179,4 @@ def serve(app: ASGIApp, sock: socket.socket) -> None:
         lifespan="off",
         timeout_graceful_shutdown=1,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    _Server(config, feed).run(sockets=[sock])

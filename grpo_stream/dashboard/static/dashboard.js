@@ -29,10 +29,19 @@ function fmt(v, digits = 3) {
 }
 
 // ----- the stream --------------------------------------------------------------------
+const ENDED = new Set(["completed", "interrupted", "failed", "dead"]); // the run is over
+
 function connect() {
   const source = new EventSource("/api/events");
   source.addEventListener("open", () => { $("connection").textContent = "connected"; });
   source.addEventListener("error", () => {
+    if (ENDED.has(state.run.phase)) { // the server said how the run ended, then went away
+      source.close();
+      $("connection").textContent = "finished: this page no longer updates";
+      return;
+    }
+    state.run = { ...state.run, phase: "disconnected" }; // never "live" without a server
+    renderHeader();
     $("connection").textContent = "disconnected: retrying";
   });
   source.addEventListener("snapshot", (e) => { takeSnapshot(JSON.parse(e.data)); render(); });

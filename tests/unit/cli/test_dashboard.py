@@ -8,7 +8,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -55,26 +55,36 @@ def test_beyond_loopback_a_hub_alone_needs_a_token_file(tmp_path: Path) -> None:
     )
 
 
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    procs: list[subprocess.Popen[bytes]] = []
+class Served:
+    """Starts `grpo-stream dashboard` processes; `stop` sends the last one SIGTERM."""
 
-    def start(*args: str) -> str:
-        url_file = tmp_path / "url"
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __call__(self, *args: str) -> str:
+        url_file = self.tmp_path / "url"
         argv = [sys.executable, "-m", "grpo_stream.cli.main", "dashboard", *args,
                 "--url-file", str(url_file)]  # fmt: skip
-        procs.append(subprocess.Popen(argv, stderr=subprocess.PIPE))
+        self.procs.append(subprocess.Popen(argv, stderr=subprocess.PIPE))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if url_file.exists() and url_file.read_text().strip():
                 return url_file.read_text().strip()
-            if procs[-1].poll() is not None:
-                raise AssertionError(procs[-1].stderr.read().decode())  # type: ignore[union-attr]
+            if self.procs[-1].poll() is not None:
+                raise AssertionError(self.procs[-1].stderr.read().decode())  # type: ignore[union-attr]
             time.sleep(0.1)
         raise AssertionError("the dashboard did not write its address")
 
-    yield start
-    for proc in procs:
+    def stop(self) -> None:
+        self.procs[-1].terminate()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Served]:
+    served = Served(tmp_path)
+    yield served
+    for proc in served.procs:
         proc.terminate()
         assert proc.wait(timeout=20) is not None
 
@@ -118,3 +128,22 @@ def test_beyond_loopback_it_makes_a_private_token_and_refuses_requests_without_i
     assert httpx.get(local + "/api/state", timeout=10).status_code == 401
     with_token = httpx.get(local + "/api/state", params={"token": token}, timeout=10)
     assert with_token.status_code == 200 and with_token.json()["run"]["phase"] == "completed"
+
+
+def test_a_page_open_when_the_server_stops_gets_the_runs_end_then_its_stream_ends(
+    tmp_path: Path, serve
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "kl": 0.5}) + "\n")
+    url = serve(str(run_dir), "--port", "0", "--poll", "60")  # no poll but the last one
+    phases: list[str] = []
+    with httpx.stream("GET", url + "api/events", timeout=20) as response:
+        for line in response.iter_lines():  # ends when the server ends the stream
+            if not line.startswith("data: "):
+                continue
+            phases.append(json.loads(line.removeprefix("data: "))["run"]["phase"])
+            if len(phases) == 1:  # the run ends (`up` writes its outcome), then its server
+                write_outcome(run_dir, "completed", 1)
+                serve.stop()
+    assert phases == ["waiting", "completed"]
