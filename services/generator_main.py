@@ -18,6 +18,7 @@ from grpo_stream.engines.streaming import EngineFailed
 from grpo_stream.engines.vllm.engine import VLLMEngine
 from grpo_stream.envs.service import EpisodePlayer, Player
 from grpo_stream.exits import EXIT_ENGINE_FAILED
+from grpo_stream.protocols import messages as m
 from grpo_stream.services.generator import Generator
 from grpo_stream.session.service import Join, Session, run_service
 
@@ -45,6 +46,7 @@ def serve_generator(session: Session, throttle: float = 1.0, weights_noise: floa
         secret=session.secret,
     )
     log.info("generator.ready", engine=cfg.generator.engine, model=cfg.model.name_or_path)
+    session.generator_stats = ready_stats(engine.version)  # the hub: loaded, no longer loading
     player = _player(cfg, engine, lambda: session.stop.set)
     try:
         generator = Generator(
@@ -63,6 +65,14 @@ def serve_generator(session: Session, throttle: float = 1.0, weights_noise: floa
             player.__exit__()
         engine.close()
     return 0
+
+
+def ready_stats(version: int) -> m.GeneratorStats:
+    """A generator's counters before its first batch: its heartbeats carry them from the
+    moment its engine is built, so the hub tells a loading generator from a ready one."""
+    return m.GeneratorStats(
+        tokens_per_s=0.0, wait_s=0.0, version=version, batches=0, prompts_total=0, busy_s=0.0
+    )
 
 
 def _player(cfg: RunConfig, engine: Engine, stopping: Callable[[], bool]) -> Player | None:

@@ -208,7 +208,8 @@ def step_stats(
     mean reverse KL from the teacher of the step's taught groups, NaN without a teacher)."""
     mean, std, pass_rate = reward_stats(groups, filtered_rewards)
     c = ledger.counters
-    reports = [p.generator for p in generators if p.generator is not None]
+    reporting = [p for p in generators if p.generator is not None and p.generator.batches]
+    reports = [p.generator for p in reporting if p.generator is not None]
     return StepStats(
         reward_mean=mean,
         reward_std=std,
@@ -226,7 +227,7 @@ def step_stats(
         groups_duplicates_dropped=c["duplicates_dropped"],
         buffer_size=buffer_size,
         peers_lost=peers_lost,
-        gen_instances=[p.instance for p in generators if p.generator is not None],
+        gen_instances=[p.instance for p in reporting],
         gen_tokens_per_s=[r.tokens_per_s for r in reports],
         gen_wait_s=float(sum(r.wait_s for r in reports)),
         step_groups=len(groups),

@@ -12,7 +12,10 @@ generators working or idle. After `run.stall_abort_s` (off by default) `check` r
 Progress is a step served: the ledger's `trained` count or the trainer version the hub
 serves moving on. The clock runs from the trainer's first request after the last step served
 (so a model load or a long step is not a stall); before the trainer ever asks, from the
-hub's start (reported as "the trainer has not asked").
+hub's start (reported as "the trainer has not asked"). While every connected generator is
+still loading its model (it has not yet sent the counters it reports from the moment its
+engine is built: `Peer.generator` is None) the clock holds too: the generators say they are
+loading (`model.load.progress`), and a normal load never reads as a stall.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class Watchdog:
             return
         if hub.desk.pending and not self.asked:
             self._restart(now, asked=True)  # a model load or a long step is not a stall
+        if loading(hub):
+            self._restart(now, asked=self.asked)  # the generators' model load neither
         waited = now - self.since
         abort = self.abort_s is not None and waited >= self.abort_s
         if now < self.next_report and not abort:
@@ -100,6 +105,13 @@ class Watchdog:
     def _restart(self, now: float, asked: bool) -> None:
         self.since, self.asked = now, asked
         self.next_report = now + self.report_s
+
+
+def loading(hub: Hub) -> bool:
+    """Whether generators are connected and every one is still loading its model (none has
+    reported its counters, which a generator starts sending once its engine is built)."""
+    gens = hub.registry.of("generator")
+    return bool(gens) and all(p.generator is None for p in gens)
 
 
 def diagnose(hub: Hub, mark: Mark) -> str:

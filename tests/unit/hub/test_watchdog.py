@@ -23,9 +23,17 @@ def hub(tmp_path):
     close_context(grouper.ctx)
 
 
-def _join(hub: Grouper, *services: str) -> None:
+READY = m.GeneratorStats(
+    tokens_per_s=0.0, wait_s=0.0, version=0, batches=0, prompts_total=0, busy_s=0.0
+)
+"""What a generator's heartbeats carry once its engine is built (before, nothing)."""
+
+
+def _join(hub: Grouper, *services: str, loading: bool = False) -> None:
     for service in services:
         peer = Peer(service, f"{service}-0", service.encode(), "h", 1, 0, {})
+        if service == "generator" and not loading:
+            peer.generator = READY
         hub.registry.register(peer, 0.0)
 
 
@@ -123,3 +131,22 @@ def test_a_distillation_run_without_a_teacher_is_named(tmp_path):
     finally:
         grouper.server.close()
         close_context(grouper.ctx)
+
+
+def test_no_stall_is_reported_while_every_generator_loads_its_model(hub):
+    _join(hub, "trainer", "scorer")
+    _join(hub, "generator", loading=True)
+    dog = Watchdog(hub.cfg.run, now=0.0)
+    _ask(hub)
+    assert _stalls(hub, dog, *[float(t) for t in range(0, 95)]) == []
+
+
+def test_the_clock_starts_when_the_generator_has_loaded(hub):
+    _join(hub, "trainer", "scorer")
+    _join(hub, "generator", loading=True)
+    dog = Watchdog(hub.cfg.run, now=0.0)
+    _ask(hub)
+    assert _stalls(hub, dog, 10.0, 50.0) == []
+    hub.registry.peers["generator-0"].generator = READY  # its heartbeat: the engine is built
+    stalls = _stalls(hub, dog, 51.0, 79.0, 82.0)
+    assert len(stalls) == 1 and stalls[0]["seconds"] == 32
