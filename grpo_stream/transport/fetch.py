@@ -55,7 +55,7 @@ from grpo_stream.transport.delta import (
     checksum,
     version_checksum,
 )
-from grpo_stream.transport.errors import WeightsError, WeightsTimeout
+from grpo_stream.transport.errors import SendTimeout, WeightsError, WeightsTimeout
 from grpo_stream.transport.fetch_buffers import StagingBuffers, place, target
 from grpo_stream.transport.sockets import Client, Context, Subscriber
 
@@ -264,10 +264,23 @@ class _Link:
         client = Client(self.ctx, address, self.settings, self.security, identity)
         try:
             with long_wait("weights.fetch", unit="chunks", address=address) as wait:
-                client.send(request)
+                self._send(client, request, address)
                 return self._chunks(client, address, replica, stall_s, wait, announced)
         finally:
             client.close()
+
+    def _send(self, client: Client, request: WeightsRequest, address: str) -> None:
+        """The request queued, or WeightsTimeout: a server that refused this client's key
+        (CURVE) leaves it no connection to queue on, and whether the refusal came before the
+        send is a matter of timing; the caller sees the one error the fetch promises."""
+        try:
+            client.send(request)
+        except SendTimeout:
+            raise WeightsTimeout(
+                f"weights from {address}: the request could not be sent within "
+                f"transport.io_timeout_ms={self.settings.io_timeout_ms} (the server is not "
+                "reachable, or it refuses this client's key)"
+            ) from None
 
     def _chunks(
         self,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,6 +137,38 @@ def test_weights_fetch_with_unknown_key_times_out(
         fetch_weights(ctx, server.addresses["weights"], settings, _secure(keys, "intruder"),
                       timeout_s=REFUSED_WAIT_MS / 1000)  # fmt: skip
     server.close()
+
+
+HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass"
+"""A CPU hog that ends by itself (2 minutes at most), started once per core and then some."""
+
+
+@pytest.mark.slow
+def test_a_refused_key_is_a_weights_timeout_beside_cpu_hogs(
+    ctx: Context, settings: TransportSettings, keys: Path
+) -> None:
+    """Whatever the timing of the refusal against the send (a starved I/O thread), the fetch
+    raises the error it promises. About 30 s."""
+    import torch
+
+    from grpo_stream.transport.errors import WeightsTimeout
+    from grpo_stream.transport.fetch import fetch_weights
+    from grpo_stream.transport.weights import WeightServer
+
+    zmq.auth.create_certificates(str(keys), "intruder")
+    server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
+    server.publish(3, [("w", torch.ones(2, 2))])
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        address, intruder = server.addresses["weights"], _secure(keys, "intruder")
+        for _ in range(10):
+            with pytest.raises(WeightsTimeout):
+                fetch_weights(ctx, address, settings, intruder, timeout_s=REFUSED_WAIT_MS / 1000)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        server.close()
 
 
 def test_announcements_reach_an_allowed_subscriber(
