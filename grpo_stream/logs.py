@@ -1,13 +1,18 @@
 """Structured logs: JSON lines per service in RUN_DIR/logs, a readable console, and merging.
 
 `setup_logging` is called once by each service's entry point (never at import time). Every
-event is bound to `service` and `instance`, so merged logs say who spoke.
+event is bound to `service` and `instance`, so merged logs say who spoke. It also leaves its
+choices in `CHILD_ENV`, so that processes a library spawns on its own (vLLM's engine core and
+workers) log the same way: `setup_child_logging`, called there (by our vLLM plugin), sends
+their events and their libraries' records as JSON to the same file and stream, at the same
+level, where `up`'s console shows a library's records only from warning up.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +23,9 @@ from typing import Any, TextIO
 import structlog
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+CHILD_ENV = "GRPO_STREAM_CHILD_LOGGING"
+"""How this service logs (JSON: service, instance, run_dir, level, console, console_json),
+for the processes it spawns through a library."""
 
 
 class _JsonFileProcessor:
@@ -72,7 +80,36 @@ def setup_logging(
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service, instance=instance)
     capture_stdlib_logging()
+    os.environ[CHILD_ENV] = json.dumps(
+        {
+            "service": service,
+            "instance": instance,
+            "run_dir": None if run_dir is None else str(run_dir),
+            "level": level,
+            "console": console,
+            "console_json": console_json,
+        }
+    )
     return structlog.get_logger()  # type: ignore[no-any-return]
+
+
+def setup_child_logging() -> bool:
+    """In a process a library spawned from a service (vLLM's engine core, its workers): log
+    as that service does (`CHILD_ENV`). Nothing when this process set up its own logging, or
+    was not spawned from a service; returns whether it set anything up."""
+    inherited = os.environ.get(CHILD_ENV)
+    if structlog.is_configured() or not inherited:
+        return False
+    how = json.loads(inherited)
+    setup_logging(
+        str(how["service"]),
+        str(how["instance"]),
+        None if how["run_dir"] is None else Path(how["run_dir"]),
+        str(how["level"]),
+        console=bool(how["console"]),
+        console_json=bool(how["console_json"]),
+    )
+    return True
 
 
 class _ToStructlog(logging.Handler):

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
-from grpo_stream.logs import merge_logs, setup_logging
+from grpo_stream.logs import CHILD_ENV, merge_logs, setup_logging
+
+CHILD = """
+import logging, structlog
+from grpo_stream.logs import setup_child_logging
+print(setup_child_logging(), flush=True)
+structlog.get_logger().debug("vllm_worker.weights_received", version=3)
+structlog.get_logger().info("worker.ready")
+logging.getLogger("vllm.engine").info("chatter")
+logging.getLogger("vllm.engine").warning("careful")
+"""
+"""A process a library spawns from a service (as vLLM spawns its engine core)."""
 
 
 def test_events_go_to_the_service_file_with_bound_fields(tmp_path: Path) -> None:
@@ -72,3 +87,36 @@ def test_library_log_records_land_in_the_service_file_marked_with_their_logger(
     assert event["event"] == "library.log" and event["logger"] == "vllm.engine"
     assert event["message"] == "KV cache 12 blocks" and event["level"] == "info"
     assert event["service"] == "generator"
+
+
+def test_a_process_a_library_spawns_logs_json_as_its_service_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CHILD_ENV, "")  # restored after the test (setup_logging sets it)
+    setup_logging("generator", "g0", tmp_path, level="info", console_json=True)
+    env = dict(os.environ)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert child.stdout.strip() == "True", child.stderr
+    events = [json.loads(line) for line in child.stderr.splitlines()]
+    seen = [(e["event"], e.get("logger"), e["level"]) for e in events]
+    assert seen == [  # no debug; the library's records as events with their logger and level
+        ("worker.ready", None, "info"),
+        ("library.log", "vllm.engine", "info"),
+        ("library.log", "vllm.engine", "warning"),
+    ]
+    assert {(e["service"], e["instance"]) for e in events} == {("generator", "g0")}
+    written = (tmp_path / "logs" / "generator-g0.jsonl").read_text().splitlines()
+    assert [json.loads(line)["event"] for line in written][-3:] == [e[0] for e in seen]
+
+
+def test_a_process_not_spawned_from_a_service_sets_nothing_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(CHILD_ENV, raising=False)
+    env = {k: v for k, v in os.environ.items() if k != CHILD_ENV}
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert child.stdout.splitlines()[0] == "False"

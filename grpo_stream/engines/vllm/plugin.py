@@ -12,11 +12,16 @@ Importing this module imports nothing from vLLM.
 from __future__ import annotations
 
 from grpo_stream.engines.vllm.compat import BACKEND
+from grpo_stream.logs import setup_child_logging
 
 
 def register() -> None:
-    """Register `vllm.worker.HandoffTransfer` as the backend named BACKEND."""
+    """Register `vllm.worker.HandoffTransfer` as the backend named BACKEND; in a process vLLM
+    spawned from a generator, log as the generator does (`grpo_stream.logs`: JSON, its level,
+    vLLM's own records below warning kept off `up`'s console)."""
     from vllm.distributed.weight_transfer import WeightTransferEngineFactory
+
+    setup_child_logging()
 
     try:
         WeightTransferEngineFactory.register_engine(

@@ -91,8 +91,9 @@ class HandoffTransfer(WeightTransferEngine[HandoffInit, HandoffUpdate]):  # type
         if self.model_config.hf_text_config.tie_word_embeddings:
             items = with_tied_head(items)
         self.model.load_weights(iter(items))
-        log.info("vllm_worker.weights_received", version=update_info.version,
-                 tensors=len(items), seconds=round(time.perf_counter() - start, 4))  # fmt: skip
+        seconds = round(time.perf_counter() - start, 4)
+        # one per version: an internal, not a line for the console
+        log.debug("vllm_worker.weights_received", version=update_info.version, seconds=seconds)
 
     def finish_weight_update(self) -> None:
         finalize_layerwise_reload(self.model, self.model_config)
