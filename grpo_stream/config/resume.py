@@ -121,7 +121,21 @@ def load_run_config(
         base = tomllib.loads(saved.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"--resume: cannot read the run's config {saved}: {exc}") from None
-    return resumed_config(base, asked, saved.parent)
+    return resumed_config(without_derived(base), asked, saved.parent)
+
+
+def without_derived(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config less what `up` derived from where the run directory was: the run's own
+    secret (`security.secret_file` = RUN_DIR/secret when the config named none), which `up`
+    derives again from where the directory is now (a resume from another working directory,
+    or of a moved run, finds it)."""
+    security = saved.get("security")
+    if not isinstance(security, dict) or "secret_file" not in security:
+        return saved
+    if Path(str(security["secret_file"])) != asked_run_dir(saved) / "secret":
+        return saved
+    kept = {k: v for k, v in security.items() if k != "secret_file"}
+    return {**saved, "security": kept}
 
 
 def resumed_config(

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_stream.config import ConfigError, load_config
 from grpo_stream.config.loading import config_data
-from grpo_stream.config.resume import load_run_config, resumed_config
+from grpo_stream.config.resume import load_run_config, resumed_config, without_derived
 
 RUN = Path("runs/r")
 STARTED = [
@@ -127,3 +127,17 @@ def test_an_unreadable_saved_config_is_one_line_naming_it(tmp_path: Path) -> Non
     (tmp_path / "config.toml").write_text("[run\n")
     with pytest.raises(ConfigError, match=r"cannot read the run's config .*config\.toml"):
         load_run_config(None, [f'run.run_dir="{tmp_path}"'], resume=True)
+
+
+def test_the_runs_own_secret_is_found_where_the_run_directory_is_now(tmp_path: Path) -> None:
+    saved = load_config(None, ['run.run_dir="runs/r"', 'security.secret_file="runs/r/secret"'])
+    base = without_derived(tomllib.loads(saved.to_toml()))
+    cfg, _ = resumed_config(base, config_data(None, [f'run.run_dir="{tmp_path}"']), tmp_path)
+    assert cfg.security.secret_file is None  # `up` derives RUN_DIR/secret again
+
+
+def test_a_secret_file_the_user_named_is_kept() -> None:
+    saved = load_config(None, ['run.run_dir="runs/r"', 'security.secret_file="keys/run.secret"'])
+    base = without_derived(tomllib.loads(saved.to_toml()))
+    cfg, _ = resumed_config(base, {}, RUN)
+    assert str(cfg.security.secret_file) == "keys/run.secret"
