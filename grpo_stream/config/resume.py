@@ -167,8 +167,10 @@ def overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in top.items():
         below = out.get(key)
-        both_tables = isinstance(below, dict) and isinstance(value, dict)
-        out[key] = overlay(below, value) if both_tables else value
+        if isinstance(below, dict) and isinstance(value, dict):
+            out[key] = overlay(below, value)
+        else:
+            out[key] = value
     return out
 
 

@@ -27,7 +27,7 @@ from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.launch.console import RunConsole
 from grpo_stream.launch.dashboard import DashboardProcess
 from grpo_stream.launch.supervisor import Launched, Runner, ServiceSpec, Supervisor
-from grpo_stream.rundir.outcome import write_outcome
+from grpo_stream.rundir.outcome import Ended, write_outcome
 
 CLEAN_EXIT_GRACE_S = 20.0  # a clean exit not followed by the trainer's end in this long: restart
 
@@ -223,7 +223,9 @@ class Up:
             self._shutdown()
             signal.signal(signal.SIGINT, old)
             signal.signal(signal.SIGTERM, old_term)
-            ended = "failed" if failure else "completed" if self.trainer_done else "interrupted"
+            ended: Ended = (
+                "failed" if failure else "completed" if self.trainer_done else "interrupted"
+            )
             write_outcome(self.run_dir, ended, self.steps, failure)
             self.dashboard.stop()
             self.console.finished(self.steps, self.run_dir)
