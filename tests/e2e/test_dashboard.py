@@ -1,6 +1,6 @@
 """The dashboard in a real headless Chromium: the page of a live `up` run shows its four
-services and its curves grow as steps arrive, pushed without a reload; the finished run's
-page renders from its run directory alone."""
+services and its curves grow as steps arrive, pushed without a reload, and says how the run
+ended when it ends; the finished run's page renders from its run directory alone."""
 
 from __future__ import annotations
 
@@ -107,7 +107,20 @@ def test_a_live_run_and_then_its_finished_page_in_a_real_browser(tmp_path: Path)
             wait_for(driver, "the generator's weights version beside the trainer's",
                      lambda d: _points(d, "chart-versions") >= 1, 30)  # fmt: skip
             save_screenshot(driver, "dashboard-live.png")
-        assert run.finish(timeout=180) == 0, run.output()[-2000:]
+            assert run.finish(timeout=180) == 0, run.output()[-2000:]
+            # the page open when the run ends says how it ended, not "live" beside a lost link
+            wait_for(
+                driver,
+                "the ended run's phase on the live page",
+                lambda d: d.find_element("id", "phase").text == "completed",
+                30,
+            )
+            wait_for(
+                driver,
+                "the page saying it is finished",
+                lambda d: d.find_element("id", "connection").text.startswith("finished"),
+                30,
+            )
     finally:
         run.kill()
     assert len(metrics(run_dir)) == steps
