@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -82,11 +83,16 @@ class Runner(Protocol):
     def stop_all(self, grace_s: float = 15.0) -> None: ...
 
 
+PROCESS_PREFIX = re.compile(r"^\([\w.-]+ pid=\d+\) (?=\{)")
+"""What vLLM writes before each output line of the processes it spawns (`(EngineCore_DP0
+pid=123) `): the JSON event after it is the service's all the same (grpo_stream.logs)."""
+
+
 def parse_line(spec: ServiceSpec, tail: deque[str], line: str) -> dict[str, Any]:
     """One output line of a service as a log event: its JSON object, or a `raw` event for a
     line that is not (kept in `tail` with warnings and errors, to say why it died)."""
     try:
-        event = json.loads(line)
+        event = json.loads(PROCESS_PREFIX.sub("", line, count=1))
     except json.JSONDecodeError:
         event = None
     if not isinstance(event, dict):

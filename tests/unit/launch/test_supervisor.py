@@ -1,4 +1,5 @@
-"""The supervisor's processes die with it: a SIGKILLed `up` leaves no service behind."""
+"""The supervisor: its processes die with it (a SIGKILLed `up` leaves no service behind); a
+service's output lines become events, behind vLLM's process prefix too."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import deque
 
 import psutil
+
+from grpo_stream.launch.supervisor import ServiceSpec, parse_line
 
 LAUNCHER = textwrap.dedent(
     """
@@ -38,3 +42,13 @@ def test_services_get_sigterm_when_the_launcher_is_killed() -> None:
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("the service outlived its killed launcher")
+
+
+def test_a_json_event_behind_vllms_process_prefix_is_an_event() -> None:
+    spec = ServiceSpec("generator-0", "generator", [])
+    tail: deque[str] = deque(maxlen=5)
+    line = '(EngineCore_DP0 pid=4242) {"event": "library.log", "level": "info", "logger": "vllm"}'
+    event = parse_line(spec, tail, line)
+    assert event["event"] == "library.log" and event["instance"] == "generator-0"
+    raw = parse_line(spec, tail, "(EngineCore_DP0 pid=4242) INFO something plain")
+    assert raw["event"] == "raw" and raw["line"].startswith("(EngineCore_DP0 pid=4242)")
