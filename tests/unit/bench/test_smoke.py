@@ -37,6 +37,8 @@ SMOKE = {
 
 NOT_RUN = {
     "gpu_check": "needs CUDA: bench/gpu_check.sh's CPU rehearsal runs it (the slow suite)",
+    "gpu_scale": "needs CUDA: bench/gpu_scale.sh's CPU rehearsal runs it "
+    "(tests/unit/bench/test_gpu_scale.py, the slow suite)",
     "hub_sim": "a part of bench.hub_load (its simulated peers), started by it",
     "weights_receiver": "a part of bench.weights (one receiver), started by it",
     "hub_load": "smoke-run with and without authentication by tests/unit/bench/test_hub_load.py",
