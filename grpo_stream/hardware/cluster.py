@@ -34,10 +34,10 @@ def host_devices(
     for slot, name in enumerate(host.devices):
         if name == "auto":
             found = live() if live else fingerprint_host(benchmark=True).devices
-            out.extend(
-                dataclasses.replace(d, host=host.name, index=len(out) + i)
-                for i, d in enumerate(found)
-            )
+            first = len(out)  # not len(out) inside the loop: it grows as devices are added
+            out += [
+                dataclasses.replace(d, host=host.name, index=first + i) for i, d in enumerate(found)
+            ]
             continue
         try:
             out.append(load_recorded(name, host=host.name, index=len(out)))

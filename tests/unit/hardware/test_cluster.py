@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_stream.config.cluster import ClusterError, parse_params
-from grpo_stream.hardware.cluster import load_cluster
+from grpo_stream.config.cluster import ClusterError, ClusterHost, parse_params
+from grpo_stream.hardware.cluster import host_devices, load_cluster
+from grpo_stream.hardware.recorded import load_recorded
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "cluster.toml"
 
@@ -72,6 +73,13 @@ def test_duplicate_host_names_are_refused(tmp_path):
     host = '[[hosts]]\nname = "a"\naddress = "x"\ndevices = ["l4"]\n'
     with pytest.raises(ClusterError, match="unique: a"):
         load_cluster(_write(tmp_path, "model_params = 1000\n" + host + host))
+
+
+def test_auto_numbers_the_devices_of_a_host_one_after_another() -> None:
+    gpu = load_recorded("h100-sxm", host="elsewhere", index=5)
+    host = ClusterHost(name="n1", devices=["a100-40gb-sxm", "auto"])
+    devices = host_devices(host, 0, live=lambda: [gpu, gpu, gpu])
+    assert [d.device_id for d in devices] == ["n1:0", "n1:1", "n1:2", "n1:3"]
 
 
 def test_a_missing_file_is_reported(tmp_path):
