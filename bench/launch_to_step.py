@@ -100,17 +100,22 @@ def slurm_launcher(root: Path) -> Iterator[Callable[[int], float]]:
         bin_dir = Path(sys.executable).parent
 
         def run(n: int) -> float:
-            env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CONFIG_TOML": CONFIG,
-                   "RUN_DIR": f"/var/tmp/bench-{n}", "GRPO_STREAM": str(bin_dir / "grpo-stream"),
-                   "GENERATORS_PER_NODE": "1", "SCORERS": "1", "SCORER_NODE": "3",
-                   "POLL_S": "0.5"}  # fmt: skip
+            env = {
+                "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                "CONFIG_TOML": CONFIG,
+                "RUN_DIR": f"/var/tmp/bench-{n}",
+                "GRPO_STREAM": str(bin_dir / "grpo-stream"),
+                "GENERATORS_PER_NODE": "1",
+                "SCORERS": "1",
+                "SCORER_NODE": "3",
+            }
             script = REPO_ROOT / "deploy" / "slurm" / "grpo-stream.sbatch"
+            output = "--output=/var/tmp/bench-%j.out"
             started = time.monotonic()
-            job = slurm.sbatch("--nodes=3", "--gpus-per-node=0", "--output=/var/tmp/bench-%j.out",
-                               str(script), env=env)  # fmt: skip
+            job = slurm.sbatch("--nodes=3", "--gpus-per-node=0", output, str(script), env=env)
+            metrics = slurm.node("cl-n1").local / f"bench-{n}" / "metrics.jsonl"
             try:
-                return first_step(slurm.node("cl-n1").local / f"bench-{n}" / "metrics.jsonl",
-                                  None, started)  # fmt: skip
+                return first_step(metrics, None, started)
             finally:
                 slurm.run("scancel", str(job))
                 slurm.wait_idle(60)

@@ -57,7 +57,8 @@ def up(
     launcher: str = typer.Option(
         "local",
         "--launcher",
-        help="local: processes here (or on --cluster's hosts); ray: one Ray actor per service.",
+        help="local: processes here (or on --cluster's hosts); ray: one Ray actor per service; "
+        "slurm: srun steps on the nodes of the Slurm job it runs in (deploy/slurm).",
     ),
     address: str = typer.Option(
         None, "--address", help="--launcher ray: the Ray head, HOST:PORT (default: a local Ray)."
@@ -74,11 +75,14 @@ def up(
 
     _check_launcher(launcher, address, cluster)
     hosts = None
+    placing: list[str] = []  # what the hosts decide of the config; an explicit --set wins
     if cluster is not None:
         try:
             hosts = read_launch_file(cluster)
         except ClusterError as exc:
             fail(str(exc))
+    elif launcher == "slurm":
+        hosts, placing = _slurm_hosts()
     from grpo_stream.launch import placed
     from grpo_stream.launch.devices import placement_for_run
     from grpo_stream.launch.placement import PlacementError
@@ -101,7 +105,7 @@ def up(
     try:
         check_config_file(config)
         binds = launch.config_overrides(hosts) if hosts else []
-        cfg, changed = load_run_config(config, binds + extra, resume)
+        cfg, changed = load_run_config(config, binds + placing + extra, resume)
         if hosts is None and launcher == "local":  # elsewhere the trainer's host checks them
             from grpo_stream.training.device import trainer_preflight
 
@@ -124,7 +128,7 @@ def up(
                 cfg, hosts, resume, save=lock is not None, environ=dict(os.environ)
             )
         if hosts is not None:  # rank 0 where the placement put it, ranks as it counts them
-            binds = placed.cluster_overrides(hosts, placement)
+            binds = placing + placed.cluster_overrides(hosts, placement)
             cfg = load_run_config(config, binds + extra, resume)[0]
     except (PlacementError, ClusterError, ConfigError) as exc:
         fail(str(exc))
@@ -163,7 +167,7 @@ def up(
         )
 
 
-LAUNCHERS = ("local", "ray")
+LAUNCHERS = ("local", "ray", "slurm")
 
 
 def _check_launcher(launcher: str, address: str | None, cluster: Path | None) -> None:
@@ -171,6 +175,8 @@ def _check_launcher(launcher: str, address: str | None, cluster: Path | None) ->
         fail(f"--launcher {launcher}: choose one of {', '.join(LAUNCHERS)}")
     if launcher == "ray" and cluster is not None:
         fail("--launcher ray takes its nodes from the Ray cluster: drop --cluster")
+    if launcher == "slurm" and cluster is not None:
+        fail("--launcher slurm takes its nodes from the Slurm job: drop --cluster")
     if address is not None and launcher != "ray":
         fail("--address is the Ray head's address: it needs --launcher ray")
 
@@ -188,6 +194,23 @@ def _ray_setup(cfg: RunConfig, address: str | None) -> tuple[ClusterFile, Placem
     except RayClusterError as exc:
         fail(str(exc))
     return hosts, placement, RayRunner(cfg, nodes, placement, started_ray=address is None)
+
+
+def _slurm_hosts() -> tuple[ClusterFile, list[str]]:
+    """The nodes of the Slurm job this runs in, as a cluster file, and the placement its
+    layout asks for (grpo_stream.launch.slurm)."""
+    from grpo_stream.launch.slurm import (
+        SlurmError,
+        allocation_cluster,
+        layout_from_env,
+        placement_override,
+    )
+
+    try:
+        layout = layout_from_env(os.environ)
+    except SlurmError as exc:
+        fail(str(exc))
+    return allocation_cluster(layout), placement_override(layout)
 
 
 def _run_secret(cfg: RunConfig, write: bool) -> None:

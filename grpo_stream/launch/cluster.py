@@ -58,14 +58,16 @@ def place(
     if host.launcher in SHIPPED and run_dir is not None:
         directory = private_dir(run_dir, spec.instance)
         stdin = Pending(spec, run_dir, serves)
-        argv = [argv[0], *RECEIVE, directory, "--", *shipped_argv(replace(spec, argv=argv),
-                                                                 directory)]  # fmt: skip
+        command = shipped_argv(replace(spec, argv=argv), directory)
+        argv = [argv[0], *RECEIVE, directory, "--", *command]
     prefix: list[str] = []
     env = {**host.env, **spec.env}  # the spec's devices win over the host's defaults
     if host.launcher == "prefix":
         prefix = list(host.prefix)
     elif host.launcher == "slurm":
         prefix = ["srun", "--nodes=1", "--ntasks=1", "-w", host.name, "--overlap"]
+        if spec.env:  # slurmstepd sets CUDA_VISIBLE_DEVICES for a step holding GPUs: after it
+            prefix += ["env", *(f"{k}={v}" for k, v in sorted(spec.env.items()))]
     elif host.launcher == "ssh":
         exports = [f"{k}={v}" for k, v in sorted({**host.env, **spec.env}.items())]
         remote = ["env", *exports, *argv] if exports else argv

@@ -1,5 +1,7 @@
 """deploy/slurm/grpo-stream.sbatch under a real Slurm: slurmctld and three slurmd nodes in
 network namespaces (slurm.py), each with its own disk and no view of the submit directory.
+The script runs `grpo-stream up --launcher slurm` on cl-n1, which starts every service as an
+srun step on its node.
 
 Submitted as a user would (`sbatch --nodes=3 deploy/slurm/grpo-stream.sbatch`, only
 `--gpus-per-node=0` added: no GPUs here), with the config in the job's environment:
@@ -58,10 +60,9 @@ class Job:
         return self.slurm.node(node).local / self.name
 
     def output(self) -> str:
+        """The job's output (`up`'s console: every service's events and last errors)."""
         out = self.slurm.node("cl-n1").local / f"{self.name}-{self.id}.out"
-        logs = sorted((self.run_dir() / "slurm-logs").glob("*.log"))
-        text = out.read_text() if out.exists() else "(no job output)"
-        return "\n".join([text[-2000:], *(f"{p.name}: {p.read_text()[-1500:]}" for p in logs)])
+        return out.read_text()[-4000:] if out.exists() else "(no job output)"
 
     def wait_steps(self, n: int, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
@@ -89,14 +90,10 @@ def submit(slurm: Slurm, name: str, config: str, **params: str) -> Job:
         "GRPO_STREAM": str(bin_dir / "grpo-stream"),
         "GENERATORS_PER_NODE": "1",
         "SCORERS": "1",
-        "POLL_S": "0.5",
-        "STOP_TIMEOUT_S": "60",
         **params,
     }
-    job_id = slurm.sbatch(
-        "--nodes=3", "--gpus-per-node=0", f"--output=/var/tmp/{name}-%j.out", str(SCRIPT),
-        env=env,
-    )  # fmt: skip
+    output = f"--output=/var/tmp/{name}-%j.out"
+    job_id = slurm.sbatch("--nodes=3", "--gpus-per-node=0", output, str(SCRIPT), env=env)
     return Job(job_id, name, slurm)
 
 
@@ -116,20 +113,18 @@ class Requeued:
 
 
 def _service_processes(slurm: Slurm) -> tuple[list[str], list[str]]:
-    """Command lines of every process on the nodes, environments of the Python ones (the
-    services; srun and slurmstepd carry the secret in theirs, readable by the job's user)."""
+    """Command lines and environments of every process on the nodes (`up`, srun,
+    slurmstepd, the services): the secret reaches a service on srun's stdin alone."""
     cmdlines, environs = [], []
     for node in slurm.nodes:
         for pid in node.pids():
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                cmdlines.append(cmd)
-                if Path(cmd.split(" ", 1)[0]).name.startswith("python"):  # a service (or torchrun)
-                    environs.append(
-                        Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-                    )
+                environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
             except OSError:
                 continue  # ended meanwhile
+            cmdlines.append(cmd)
+            environs.append(environ)
     return cmdlines, environs
 
 
@@ -139,7 +134,7 @@ def requeued(slurm: Slurm) -> Requeued:
     job = submit(slurm, "run-a", CONFIG.format(steps=STEPS, every=10), SCORER_NODE="3")
     job.wait_steps(3)
     reply = stranger_hello(HUB)
-    secret = (job.run_dir() / "private" / "hub-0" / "secret").read_text().strip()
+    secret = (job.run_dir() / "secret").read_text().strip()  # `up` made it on cl-n1
     cmdlines, environs = _service_processes(slurm)
     job.wait_steps(20)
     slurm.requeue(job.id)
@@ -148,9 +143,12 @@ def requeued(slurm: Slurm) -> Requeued:
 
 
 def test_services_run_on_their_own_nodes(requeued: Requeued) -> None:
-    joined = {(e["service"], e["host"]) for e in events(requeued.job.run_dir(), "grouper",
-                                                        "peer.joined")}  # fmt: skip
-    assert joined == {("trainer", "cl-n1"), ("generator", "cl-n2"), ("scorer", "cl-n3")}
+    joined = events(requeued.job.run_dir(), "grouper", "peer.joined")
+    assert {(e["service"], e["host"]) for e in joined} == {
+        ("trainer", "cl-n1"),
+        ("generator", "cl-n2"),
+        ("scorer", "cl-n3"),
+    }
 
 
 def test_every_node_keeps_its_own_files(requeued: Requeued) -> None:
@@ -174,7 +172,7 @@ def test_reward_rises(requeued: Requeued) -> None:
 def test_requeued_job_resumes_and_trains_no_group_twice(requeued: Requeued) -> None:
     run_dir = requeued.job.run_dir()
     resumed = [e for e in events(run_dir, "grouper", "hub.resumed") if e["dispatched"] > 0]
-    assert len(resumed) == 1  # the first start has --resume too, with nothing to resume
+    assert len(resumed) == 1  # the requeued start resumes; the first has nothing to resume
     assert len(events(run_dir, "trainer", "trainer.resumed")) == 1
     assert_exactly_once(run_dir, STEPS)
 
@@ -189,18 +187,22 @@ def test_the_secret_is_on_no_command_line_nor_in_a_services_environment(
     requeued: Requeued,
 ) -> None:
     assert re.fullmatch(r"[0-9a-f]{64}", requeued.secret)
-    assert requeued.environs, "no service process was seen"
+    assert any("grpo_stream.cli.main run" in c for c in requeued.cmdlines), "no service seen"
     assert not [c for c in requeued.cmdlines if requeued.secret in c]
     assert not [e for e in requeued.environs if requeued.secret in e]
 
 
 def test_secret_files_are_private_to_their_node(requeued: Requeued) -> None:
+    """Each service's copy on its own node; the hub reads `up`'s beside it on cl-n1."""
     found = []
     for node in ("cl-n1", "cl-n2", "cl-n3"):
         for path in (requeued.job.run_dir(node) / "private").glob("*/secret"):
-            found.append(path.parent.name)
+            found.append((node, path.parent.name))
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-    assert sorted(found) == ["generator-0", "hub-0", "scorer-0", "trainer-0"]
+            assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700, path.parent
+    expected = [("cl-n1", "trainer-0"), ("cl-n2", "generator-0"), ("cl-n3", "scorer-0")]
+    assert sorted(found) == expected
+    assert stat.S_IMODE((requeued.job.run_dir() / "secret").stat().st_mode) == 0o600
 
 
 # ----- trainer ranks on two nodes, CURVE with per-role keys --------------------------------
@@ -250,21 +252,16 @@ def test_requeued_ranks_resume_from_rank_zeros_checkpoint_with_no_group_twice(
 
 
 def test_each_role_gets_only_its_own_keys(ranks: Job) -> None:
-    def files(node: str, role: str, task: int = 0) -> set[str]:
-        keys = ranks.run_dir(node) / "private" / f"{role}-{task}" / "keys"
-        return {str(p.relative_to(keys)) for p in keys.rglob("*") if p.is_file()}
+    def secret_keys(node: str, instance: str) -> set[str]:
+        keys = ranks.run_dir(node) / "private" / instance / "keys"
+        return {p.name for p in keys.rglob("*_secret") if p.is_file()}
 
-    secrets = {
-        "hub": files("cl-n1", "hub"),
-        "generator": files("cl-n3", "generator"),
-        "scorer": files("cl-n1", "scorer"),
-        "trainer": files("cl-n2", "trainer", 1),  # rank 1, on the second trainer node
-    }
-    assert {f for f in secrets["generator"] if f.endswith("_secret")} == {"generator.key_secret"}
-    assert {f for f in secrets["scorer"] if f.endswith("_secret")} == {"scorer.key_secret"}
-    assert {f for f in secrets["hub"] if f.endswith("_secret")} == {"server.key_secret"}
-    assert {f for f in secrets["trainer"] if f.endswith("_secret")} == {
-        "server.key_secret", "trainer.key_secret"}  # fmt: skip
+    assert secret_keys("cl-n3", "generator-0") == {"generator.key_secret"}
+    assert secret_keys("cl-n1", "scorer-0") == {"scorer.key_secret"}
+    # rank 1's node, the second trainer node
+    assert secret_keys("cl-n2", "trainer-0-n1") == {"server.key_secret", "trainer.key_secret"}
+    # the hub reads the job's key set where the script made it, beside `up` on cl-n1
+    assert not (ranks.run_dir() / "private" / "grouper-0" / "keys").exists()
     hub_log = events(ranks.run_dir(), "grouper", "curve.authenticator_started")
     assert hub_log, "the hub did not run under CURVE"
 

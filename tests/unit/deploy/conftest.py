@@ -18,8 +18,6 @@ from grpo_stream.cli.main import app
 from grpo_stream.cli.run import SERVICES
 from grpo_stream.config import ConfigError, RunConfig, load_config
 
-from .slurm_harness import SlurmRun, run_jobs
-
 try:  # typer >= 0.20 ships its own click, whose errors derive from TyperException
     from typer import TyperException as UsageError
 except ImportError:  # older typer runs on click itself
@@ -121,9 +119,3 @@ def deploy_dir() -> Path:
 @pytest.fixture(scope="session")
 def sbatch(deploy_dir: Path) -> Path:
     return deploy_dir / "slurm" / "grpo-stream.sbatch"
-
-
-@pytest.fixture(scope="session")
-def jobs(sbatch: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, SlurmRun]:
-    """Every scenario of the Slurm tests, run once for both of their files."""
-    return run_jobs(sbatch, tmp_path_factory.mktemp("slurm"))

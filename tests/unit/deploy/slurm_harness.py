@@ -1,174 +1,107 @@
-"""The harness of the Slurm tests: deploy/slurm/grpo-stream.sbatch run by bash with Slurm
-replaced at its boundary (the stand-ins in slurm_stubs/), one scenario per `Job`.
+"""The harness of the Slurm tests: what `up --launcher slurm` would start, read from its dry
+run (instance, host, device environment, command line), whether `up` runs in-process or is
+what deploy/slurm/grpo-stream.sbatch execs; and a stand-in `srun` for the run that starts
+real services without a Slurm controller.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
+import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from grpo_stream.transport.curve import init_keys
 
 STUBS = Path(__file__).parent / "slurm_stubs"
+GRPO_STREAM = Path(sys.executable).parent / "grpo-stream"
+MODULE = ["-m", "grpo_stream.cli.main"]
 
 
-@dataclass
-class SlurmRun:
-    rc: int
-    records: list[dict[str, Any]]
-    stderr: str
+@dataclass(frozen=True)
+class Planned:
+    """One service in `up --dry-run`'s output."""
 
-    def starts(self, service: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r["event"] == "start" and r["service"] == service]
+    instance: str
+    host: str
+    env: str
+    """The device environment, as the dry run prints it ("-": none)."""
+    cmd: list[str]
+    """The whole command line: srun, its options, then what runs on the node."""
 
-    def events(self, event: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r["event"] == event]
+    @property
+    def srun(self) -> list[str]:
+        """srun and its options, up to the program it starts."""
+        return self.cmd[: self.cmd.index("--overlap") + 1]
+
+    @property
+    def devices(self) -> str | None:
+        """CUDA_VISIBLE_DEVICES as the task sees it (set after srun; None: not set)."""
+        words = self.cmd[len(self.srun) :]
+        if words[0] != "env":
+            return None
+        found = [w.split("=", 1)[1] for w in words if w.startswith("CUDA_VISIBLE_DEVICES=")]
+        return found[0] if found else None
+
+    @property
+    def service(self) -> list[str]:
+        """The `grpo-stream ...` command the node finally runs (after the receiving end,
+        torchrun and the rendezvous wait), with `grpo-stream` for `python -m ...main`."""
+        words = self.cmd[self.cmd.index("--") + 1 :]
+        start = next(i for i in range(len(words)) if words[i : i + 2] == MODULE)
+        return ["grpo-stream", *words[start + 2 :]]
+
+    @property
+    def torchrun(self) -> list[str] | None:
+        """torchrun's own arguments on a trainer node (None: no torchrun)."""
+        words = self.cmd
+        at = next((i for i, w in enumerate(words) if w == "torch.distributed.run"), None)
+        return None if at is None else words[at + 1 :]
 
 
-def stubs(root: Path) -> Path:
-    """The stand-ins as executables in root/bin (the Python ones run by this interpreter)."""
+def read_dry_run(output: str) -> dict[str, Planned]:
+    """Each service block of a dry run, by instance."""
+    lines = output.splitlines()
+    out = {}
+    for i, line in enumerate(lines):
+        if " host=" not in line:
+            continue
+        instance, host = line.split()[0], line.split("host=", 1)[1].split()[0]
+        env = lines[i + 1].strip().removeprefix("env: ")
+        cmd = shlex.split(lines[i + 2].strip().removeprefix("cmd: "))
+        out[instance] = Planned(instance, host, env, cmd)
+    return out
+
+
+def job_env(nodes: str, **params: str) -> dict[str, str]:
+    """The environment of a batch script on `nodes` (no other Slurm variable leaks in)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CONFIG"))}
+    for name in ("TRAINER_NODES", "TRAINER_GPUS", "GENERATORS_PER_NODE", "SCORERS", "KEYS_DIR"):
+        base.pop(name, None)
+    return {**base, "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": nodes, **params}
+
+
+def run_script(
+    script: Path, cwd: Path, env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The batch script under bash as sbatch would run it, the real `grpo-stream` on PATH."""
+    env = {"GRPO_STREAM": str(GRPO_STREAM), **env}
+    return subprocess.run(
+        ["bash", str(script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def srun_stand_in(root: Path) -> Path:
+    """A directory holding `srun`, the stand-in that runs a step's one task on this machine
+    (slurm_stubs/srun.py), run by this interpreter."""
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    stubs = (
-        ("srun", "srun.py", f"#!{sys.executable} -S"),
-        ("torchrun", "torchrun.py", f"#!{sys.executable} -S"),
-        ("grpo-stream", "grpo_stream.py", f"#!{sys.executable} -S"),
-        ("scontrol", "scontrol.sh", "#!/bin/bash"),
-    )
-    for name, source, shebang in stubs:
-        (bin_dir / name).write_text(f"{shebang}\n{(STUBS / source).read_text()}")
-        (bin_dir / name).chmod(0o755)
+    srun = bin_dir / "srun"
+    srun.write_text(f"#!{sys.executable} -S\n{(STUBS / 'srun.py').read_text()}")
+    srun.chmod(0o755)
     return bin_dir
-
-
-@dataclass
-class Job:
-    """One scenario: the script as sbatch would run it on `nodes` (`expect` services start)."""
-
-    nodes: list[str]
-    expect: int
-    env: dict[str, str]
-    sigterm_when_started: bool = False
-
-
-JOBS = {
-    # node1 + two generator nodes with 2 generators each, 2 scorers; the trainer exits 7.
-    "three": Job(
-        ["node1", "node2", "node3"],
-        8,
-        {
-            "GENERATORS_PER_NODE": "2",
-            "SCORERS": "2",
-            "HUB_PORT": "6000",
-            "TRAINER_PORT": "6001",
-            "STUB_EXITS": "trainer=7@0",
-        },
-    ),
-    # trainer ranks on two nodes x 2 GPUs (torchrun multi-node), generators on the third.
-    "ranks": Job(
-        ["node1", "node2", "node3"],
-        6,
-        {
-            "TRAINER_NODES": "2",
-            "TRAINER_GPUS": "2",
-            "GENERATORS_PER_NODE": "2",
-            "STUB_EXITS": "trainer=0@0",
-        },
-    ),
-    # one node with CURVE keys; the trainer completes.
-    "one": Job(
-        ["solo"],
-        6,
-        {
-            "GENERATORS_PER_NODE": "3",
-            "SCORERS": "1",
-            "KEYS_DIR": "keys",
-            "STUB_EXITS": "trainer=0@0",
-        },
-    ),
-    # the hub dies and the trainer goes on running.
-    "hub_exit": Job(
-        ["node1", "node2"],
-        4,
-        {"GENERATORS_PER_NODE": "1", "STUB_EXITS": "grouper=1@0", "LOST_GRACE_S": "0"},
-    ),
-    # the end of a run: the trainer tells the hub it is done, the hub stops first.
-    "done": Job(
-        ["node1", "node2"],
-        4,
-        {"GENERATORS_PER_NODE": "1", "STUB_EXITS": "grouper=0@0,trainer=0@0.3"},
-    ),
-    # the config as text in the job's environment, scorers on the third node, CURVE keys made
-    # by the job itself.
-    "scorer_node": Job(
-        ["node1", "node2", "node3"],
-        4,
-        {
-            "CONFIG": "",
-            "CONFIG_TOML": "[run]\nmax_steps = 5",  # as $(cat run.toml) gives it
-            "SCORER_NODE": "3",
-            "GENERATORS_PER_NODE": "1",
-            "CURVE": "1",
-            "STUB_EXITS": "trainer=0@0",
-        },
-    ),
-    # the script is told to stop (scancel --batch --signal=TERM, or --signal=B:TERM@...).
-    "sigterm": Job(["node1", "node2"], 4, {"GENERATORS_PER_NODE": "1", "SCORERS": "1"}, True),
-}
-
-
-def start(script: Path, root: Path, job: Job) -> tuple[subprocess.Popen[str], Path]:
-    root.mkdir(parents=True)
-    (root / "run.toml").write_text("[run]\nmax_steps = 3\n")
-    init_keys(root / "keys")
-    record = root / "record.jsonl"
-    record.touch()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env = {
-        **base,
-        "PATH": f"{stubs(root)}:{base['PATH']}",
-        "SLURM_JOB_ID": "42",
-        "SLURM_JOB_NODELIST": ",".join(job.nodes),
-        "CONFIG": "run.toml",
-        "RUN_DIR": "run",
-        "POLL_S": "0.05",
-        "STOP_TIMEOUT_S": "10",
-        "LOST_GRACE_S": "10",
-        "SCORERS": "1",
-        "STUB_RECORD": str(record),
-        "STUB_EXPECT": str(job.expect),
-        **job.env,
-    }
-    proc = subprocess.Popen(
-        ["bash", str(script)], cwd=root, env=env, stderr=subprocess.PIPE, text=True
-    )
-    return proc, record
-
-
-def finish(proc: subprocess.Popen[str], record: Path, job: Job) -> SlurmRun:
-    if job.sigterm_when_started:
-        deadline = time.monotonic() + 10
-        while len(record.read_text().splitlines()) < job.expect and time.monotonic() < deadline:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-    try:
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    records = [json.loads(line) for line in record.read_text().splitlines()]
-    return SlurmRun(proc.returncode, records, stderr)
-
-
-def run_jobs(script: Path, root: Path) -> dict[str, SlurmRun]:
-    """Every scenario in JOBS, run side by side (each is mostly waiting)."""
-    started = {name: start(script, root / name, job) for name, job in JOBS.items()}
-    return {name: finish(*started[name], JOBS[name]) for name in JOBS}

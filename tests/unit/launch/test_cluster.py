@@ -107,6 +107,14 @@ def test_slurm_launcher_runs_one_task_on_the_named_node() -> None:
     assert spec.prefix == ["srun", "--nodes=1", "--ntasks=1", "-w", "node7", "--overlap"]
 
 
+def test_slurm_launcher_sets_the_devices_in_the_task_after_slurms_own() -> None:
+    """slurmstepd sets CUDA_VISIBLE_DEVICES for a step holding GPUs; ours must win."""
+    spec = _spec()
+    spec.env = {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    placed = place(ClusterHost(name="node7", launcher="slurm"), spec)
+    assert placed.prefix[6:] == ["env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=3"]
+
+
 def test_ssh_launcher_sends_one_quoted_command_with_the_hosts_python() -> None:
     host = ClusterHost(name="b", launcher="ssh", ssh="me@b", python="/opt/py", env={"A": "x y"})
     spec = place(host, _spec())
