@@ -131,7 +131,7 @@ class Sim:
         for gid in ids:
             if not self.ledger.accept_rollout(gid):
                 continue
-            if self.ledger.is_stale(version):
+            if self.ledger.versions.is_stale(version):
                 self.ledger.finish(gid, "stale")
                 continue
             self.ledger.take_for_scoring("scorer", 0.0)

@@ -38,6 +38,7 @@ from grpo_stream.hub.distill import step_kl
 from grpo_stream.hub.intake import Intake
 from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.ledger_state import ledger_state, load_ledger
 from grpo_stream.hub.payloads.direct import DirectPayloads
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.replay import Group, ReplayBuffer
@@ -84,9 +85,13 @@ class Grouper:
         self.task = make_task(cfg.task, tokenizer=tokenizer)
         hub = cfg.hub
         self.ledger = Ledger(
-            hub.groups_per_step, hub.max_staleness, hub.lease_timeout_s, hub.max_refill_ratio,
-            hub.refill_ahead, cfg.teacher.timeout_s,
-        )  # fmt: skip
+            groups_per_step=hub.groups_per_step,
+            max_staleness=hub.max_staleness,
+            lease_timeout_s=hub.lease_timeout_s,
+            max_refill_ratio=hub.max_refill_ratio,
+            refill_ahead=hub.refill_ahead,
+            teach_timeout_s=cfg.teacher.timeout_s,
+        )
         self.buffer = ReplayBuffer(
             hub.replay.capacity, hub.replay.reuse, hub.replay.sampling, cfg.run.seed
         )
@@ -289,7 +294,7 @@ class Grouper:
     @property
     def policy_version(self) -> int:
         """The trainer's version as the Ledger (its one owner) knows it: told in Welcome."""
-        return self.ledger.trainer_version
+        return self.ledger.versions.trainer_version
 
     def _abort(self, reason: str) -> None:
         log.error("run.aborted", error=reason)
@@ -341,7 +346,7 @@ class Grouper:
             self._state_path,
             {
                 "run_id": self.run_id,
-                "ledger": self.ledger.state(),
+                "ledger": ledger_state(self.ledger),
                 "buffer": self.buffer.state(),
                 "recent_rewards": list(self.intake.recent_rewards),
                 "desk": self.desk.state(),
@@ -357,7 +362,7 @@ class Grouper:
         else:
             self.run_id = str(state["run_id"])
             self.buffer.load_state(state["buffer"])
-            self.ledger.load_state(state["ledger"], scored=set())
+            load_ledger(self.ledger, state["ledger"], scored=set())
             self.intake.recent_rewards.extend(float(r) for r in state["recent_rewards"])
             self.desk.load_state(state["desk"])
         # sends the checkpoint does not cover (all of them if the hub never wrote one)

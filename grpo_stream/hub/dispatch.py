@@ -109,7 +109,7 @@ class Dispatcher:
 
     def generators(self, now: float, excluded: Collection[str] = ()) -> None:
         """Lease prompts to generators with credits (none to the `excluded`: quarantined)."""
-        available = len(self.ledger.retry) + self.ledger.capacity()
+        available = len(self.ledger.retry) + self.ledger.pipeline().capacity()
         if available <= 0:
             return
         gens = [p for p in self.registry.of("generator") if p.instance not in excluded]

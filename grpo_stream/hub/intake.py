@@ -84,7 +84,7 @@ class Intake:
         if not self.ledger.accept_rollout(msg.group_id):
             return
         self.trust.accepted(msg.group_id, peer)
-        if self.ledger.is_stale(msg.policy_version):  # the oldest token's (guard checked)
+        if self.ledger.versions.is_stale(msg.policy_version):  # the oldest token's (guard checked)
             self.ledger.finish(msg.group_id, "stale")
             return
         self.rollouts[msg.group_id] = msg

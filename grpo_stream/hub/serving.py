@@ -36,6 +36,7 @@ from grpo_stream.config import HubSettings
 from grpo_stream.hub.batches import build_step
 from grpo_stream.hub.journal import SendJournal, Sent
 from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.ledger_state import replay_trained
 from grpo_stream.hub.payloads.refs import build_ref_step
 from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.protocols import messages as m
@@ -88,14 +89,14 @@ class BatchDesk:
             return None  # nothing served yet (or forgotten): any resumed trainer is plausible
         if request.step > self.last.step + 1:
             return f"step {request.step}: the last step served is {self.last.step}"
-        highest = self.ledger.plausible_trainer_version()
+        highest = self.ledger.versions.plausible_trainer_version()
         if request.trainer_version > highest:
             return f"version {request.trainer_version}: the trainer cannot be past {highest}"
         return None
 
     def add(self, identity: bytes, request: m.BatchRequest) -> None:
         """A rank's request; its version is what the trainer is at (the ledger's to know)."""
-        self.ledger.observe_trainer(request.trainer_version)
+        self.ledger.versions.observe_trainer(request.trainer_version)
         if self.last is not None and request.step > self.last.step:
             self.deaths = 0  # the trainer got past the last step served
         if self.last is not None and self.last.answers(request) and self.deaths >= self.crash_limit:
@@ -125,7 +126,7 @@ class BatchDesk:
             return
         self.history = deque(((s, g) for s, g in self.history if s < step), maxlen=HISTORY_STEPS)
         n = sum(len(groups) for groups in gone)
-        self.ledger.discard_trained(n)
+        self.ledger.counters.discard_trained(n)
         if self.last is not None and self.last.step >= step:
             self.last = None
         log.warning("batch.timeline_discarded", from_step=step, steps=len(gone), groups=n)
@@ -142,7 +143,7 @@ class BatchDesk:
         if last is None:
             return
         first = last.first_uses()
-        self.ledger.retract_trained(len(first))
+        self.ledger.counters.retract_trained(len(first))
         self.buffer.drop(set(last.groups))
         self.last = None
         if self.history and self.history[-1][0] == last.step:
@@ -167,17 +168,17 @@ class BatchDesk:
             ranks = {r.rank: ident for ident, r in self.pending if r.step == head.step}
             if len(ranks) < world:
                 return
-            for g in self.buffer.evict_stale(self.ledger.is_stale):
+            for g in self.buffer.evict_stale(self.ledger.versions.is_stale):
                 if g.uses == 0:
                     self.ledger.finish(g.group_id, "stale")
-            ready = self.buffer.ready(self.ledger.is_stale)
+            ready = self.buffer.ready(self.ledger.versions.is_stale)
             if ready < self.ledger.refill.need():  # groups_per_step less the step's holes
                 return
             self.pending = deque((i, r) for i, r in self.pending if r.step != head.step)
             self._send_step(head, ranks, world)
 
     def _send_step(self, head: m.BatchRequest, ranks: dict[int, bytes], world: int) -> None:
-        sampled = self.buffer.sample(self.hub.groups_per_step, self.ledger.is_stale)
+        sampled = self.buffer.sample(self.hub.groups_per_step, self.ledger.versions.is_stale)
         for g, first in zip(sampled.groups, sampled.first_use, strict=True):
             if first:
                 self.ledger.finish(g.group_id, "trained")
@@ -227,7 +228,7 @@ class BatchDesk:
             return
         self._went_back(record.step)
         self.buffer.mark_used(record.groups)
-        self.ledger.replay_trained(record.first_uses())
+        replay_trained(self.ledger, record.first_uses())
         self._served(record)
 
     def state(self) -> dict[str, Any]:

@@ -25,5 +25,7 @@ def hub_status(
         "hub_pid": os.getpid(),
     }
     return m.Status(
-        services=registry.describe(), counters=counters, policy_version=ledger.trainer_version
+        services=registry.describe(),
+        counters=counters,
+        policy_version=ledger.versions.trainer_version,
     )

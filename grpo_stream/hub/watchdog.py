@@ -79,7 +79,7 @@ class Watchdog:
     def check(self, now: float, hub: Hub) -> None:
         """Report a stall when one is due; raise StallAbort past the abort deadline."""
         counters = hub.ledger.counters
-        trained, version = int(counters["trained"]), hub.ledger.next_version
+        trained, version = int(counters["trained"]), hub.ledger.versions.next_version
         if (trained, version) != (self.mark.trained, self.mark.version):
             self.mark = Mark(now, trained, version, counters["filtered"], counters["failed"])
             self._restart(now, asked=False)
@@ -131,7 +131,7 @@ def diagnose(hub: Hub, mark: Mark) -> str:
     counters = hub.ledger.counters
     filtered = counters["filtered"] - mark.filtered
     failed = counters["failed"] - mark.failed
-    fresh = hub.buffer.ready(hub.ledger.is_stale)
+    fresh = hub.buffer.ready(hub.ledger.versions.is_stale)
     if filtered > 0 and fresh < hub.cfg.hub.groups_per_step:
         return zero_signal(filtered, failed, hub.window_rewards)
     if failed > 0:
@@ -184,10 +184,10 @@ def _pipeline(hub: Hub, fresh: int) -> str:
             "is slow (generator.max_tokens, generator.count)"
         )
     gens = hub.registry.of("generator")
-    if ledger.capacity() == 0 and not ledger.retry:
+    if ledger.pipeline().capacity() == 0 and not ledger.retry:
         return (
             f"the staleness gate is closed (hub.max_staleness = {hub.cfg.hub.max_staleness}): "
-            f"new prompts wait for weight version {ledger.next_version + 1}"
+            f"new prompts wait for weight version {ledger.versions.next_version + 1}"
         )
     if not any(p.credits > 0 for p in gens):
         return (

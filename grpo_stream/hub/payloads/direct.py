@@ -71,7 +71,7 @@ class DirectPayloads:
             return
         if not self.ledger.accept_rollout(msg.group_id):
             return
-        if self.ledger.is_stale(msg.policy_version):
+        if self.ledger.versions.is_stale(msg.policy_version):
             self.ledger.finish(msg.group_id, "stale")
             return
         self.rollouts[msg.group_id] = shell_rollout(msg)

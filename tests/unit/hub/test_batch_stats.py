@@ -46,7 +46,7 @@ def _generator(instance: str, tokens_per_s: float, wait_s: float) -> Peer:
 
 def test_step_stats_take_staleness_from_the_ledger() -> None:
     ledger = Ledger(groups_per_step=2, max_staleness=4, lease_timeout_s=10.0)
-    ledger.observe_trainer(5)
+    ledger.versions.observe_trainer(5)
     old, new = _group([1.0, 0.0]), _group([1.0, 0.0])
     old.policy_version, new.policy_version = 2, 5  # 3 and 0 versions behind, 2 sequences each
     stats = step_stats([old, new], [], ledger, [], buffer_size=0, peers_lost=0)

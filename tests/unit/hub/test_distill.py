@@ -15,6 +15,7 @@ from grpo_stream.config import ConfigError, config_from_dict
 from grpo_stream.hub.batches import build_batch
 from grpo_stream.hub.distill import Teaching, check_taught, step_kl
 from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.ledger_state import ledger_state, load_ledger
 from grpo_stream.hub.replay import Group
 from grpo_stream.protocols.distill import Taught
 
@@ -117,7 +118,7 @@ def test_groups_waiting_for_a_teacher_are_generated_again_after_a_hub_restart() 
     ids = hub.hold(2)
     hub.ledger.take_for_teaching("teacher-0", now=0.0)
     back = Ledger(4, 1, lease_timeout_s=10.0)
-    back.load_state(hub.ledger.state(), scored=set())
+    load_ledger(back, ledger_state(hub.ledger), scored=set())
     assert sorted(back.retry) == ids and not back.to_teach
     back.check_invariant()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from grpo_stream.hub.ledger import Ledger
-from grpo_stream.training.versions import resumed_version
 
 
 def make(gps: int = 4, staleness: int = 1) -> Ledger:
@@ -21,7 +20,7 @@ def test_gate_lets_out_groups_per_step_times_staleness_plus_one() -> None:
 
 def test_sync_gate_dispatches_one_step_at_the_trainers_version() -> None:
     ledger = make(gps=4, staleness=0)
-    ledger.next_version = 3
+    ledger.versions.next_version = 3
     lease, min_version = ledger.take_for_generation("g0", 100, now=0.0) or (None, -1)
     assert lease is not None and len(lease.group_ids) == 4
     assert min_version == 3
@@ -29,7 +28,7 @@ def test_sync_gate_dispatches_one_step_at_the_trainers_version() -> None:
 
 def test_second_step_of_async_window_needs_the_next_version() -> None:
     ledger = make(gps=4, staleness=1)
-    ledger.next_version = 5
+    ledger.versions.next_version = 5
     _, first = ledger.take_for_generation("g0", 4, now=0.0) or (None, -1)
     _, second = ledger.take_for_generation("g0", 4, now=0.0) or (None, -1)
     assert (first, second) == (4, 5)
@@ -111,58 +110,13 @@ def test_invariant_detects_a_lost_group() -> None:
         ledger.check_invariant()
 
 
-def test_state_round_trip_requeues_leased_groups() -> None:
-    ledger = make()
-    ledger.take_for_generation("g0", 3, now=0.0)
-    restored = make()
-    restored.load_state(ledger.state(), scored=set())
-    assert sorted(restored.retry) == [0, 1, 2]
-    assert restored.cursor == 3 and restored.counters["dispatched"] == 3
-    restored.check_invariant()
-
-
-def test_restore_without_rollouts_sends_groups_awaiting_a_score_back_to_generation() -> None:
-    ledger = make()
-    ledger.take_for_generation("g0", 3, now=0.0)
-    assert ledger.accept_rollout(0) and ledger.accept_rollout(1)
-    ledger.take_for_scoring("s0", now=0.0)  # group 0 scoring, group 1 waiting for a scorer
-    restored = make()
-    restored.load_state(ledger.state(), scored=set())
-    assert list(restored.to_score) == []  # nothing to score without its rollout
-    assert restored.take_for_scoring("s0", now=0.0) is None
-    assert sorted(restored.retry) == [0, 1, 2]
-    restored.check_invariant()
-
-
-def test_a_version_ahead_of_the_trainer_is_not_negatively_stale() -> None:
-    ledger = make(staleness=1)
-    ledger.observe_trainer(5)
-    assert ledger.staleness(14) == 0 and ledger.staleness(3) == 2  # never negative
-    assert ledger.is_stale(3) and not ledger.is_stale(4) and not ledger.is_stale(9)
-
-
 def test_a_served_step_moves_the_gate_to_the_next_version_not_the_named_one() -> None:
     ledger = make(staleness=1)
-    ledger.observe_trainer(3)
+    ledger.versions.observe_trainer(3)
     ledger.step_served(3)
-    assert ledger.trainer_version == 3  # what Welcome and Status tell: the trainer named 3
-    assert ledger.is_stale(2) and not ledger.is_stale(3)  # judged at 4, its next request
-
-
-def test_the_version_a_resumed_trainer_continues_at_is_plausible_and_no_more() -> None:
-    ledger = make(staleness=2)
-    ledger.observe_trainer(60)  # the last version the trainer announced before a crash
-    resumed = resumed_version(checkpoint_version=50, mark=60, max_staleness=2)
-    assert ledger.plausible_trainer_version() == resumed
-
-
-def test_the_trainers_version_survives_a_checkpoint() -> None:
-    ledger = make()
-    ledger.observe_trainer(7)
-    ledger.step_served(7)
-    restored = make()
-    restored.load_state(ledger.state(), scored=set())
-    assert (restored.trainer_version, restored.next_version) == (7, 8)
+    versions = ledger.versions
+    assert versions.trainer_version == 3  # what Welcome and Status tell: the trainer named 3
+    assert versions.is_stale(2) and not versions.is_stale(3)  # judged at 4, its next request
 
 
 def test_held_by_counts_what_each_generator_is_generating_through_its_leases() -> None:
@@ -195,14 +149,3 @@ def test_a_result_names_a_lease_issued_to_its_sender_on_that_group() -> None:
     assert "never issued" in str(book.issued_to(lease.lease_id + 50, gid, "gen-0", "generate"))
     led.release_holder("gen-0")  # closed, still its own: a late result is a duplicate, not a lie
     assert book.issued_to(lease.lease_id, gid, "gen-0", "generate") is None
-
-
-def test_leases_from_before_a_restart_are_not_remembered() -> None:
-    led = Ledger(groups_per_step=4, max_staleness=1, lease_timeout_s=10.0)
-    taken = led.take_for_generation("gen-0", 2, now=0.0)
-    assert taken is not None
-    again = Ledger(groups_per_step=4, max_staleness=1, lease_timeout_s=10.0)
-    again.load_state(led.state(), scored=set())
-    book = again.leases
-    assert book.issued_to(taken[0].lease_id, 0, "gen-9", "generate") is None
-    assert "never issued" in str(book.issued_to(taken[0].lease_id + 1, 0, "gen-9", "generate"))

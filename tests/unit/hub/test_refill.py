@@ -13,6 +13,7 @@ import pytest
 from grpo_stream.config import ConfigError, HubSettings, config_from_dict
 from grpo_stream.hub.batches import offline_stats
 from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.ledger_state import ledger_state, load_ledger
 from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.protocols import messages as m
@@ -42,9 +43,9 @@ def generate_and_score(lg: Ledger, n: int) -> list[int]:
 def test_refilled_groups_free_their_slot_for_a_new_prompt() -> None:
     lg = ledger(ratio=0.5)  # 2 refills per step of 4
     ids = generate_and_score(lg, GPS)
-    assert lg.capacity() == 0
+    assert lg.pipeline().capacity() == 0
     assert lg.drop_zero_signal(ids[0]) and lg.drop_zero_signal(ids[1])
-    assert lg.capacity() == 2 and lg.refill.holes == 0
+    assert lg.pipeline().capacity() == 2 and lg.refill.holes == 0
     assert lg.summary()["refilled"] == 2 and lg.summary()["filtered"] == 2
     lg.check_invariant()
 
@@ -55,7 +56,7 @@ def test_past_the_refill_bound_a_zero_signal_group_leaves_a_hole_and_the_step_ru
     assert lg.drop_zero_signal(ids[0])  # refilled
     assert not lg.drop_zero_signal(ids[1])  # the bound: a hole
     assert lg.refill.holes == 1 and lg.refill.need() == GPS - 1
-    assert lg.capacity() == 1  # the hole keeps its slot; the refill freed one
+    assert lg.pipeline().capacity() == 1  # the hole keeps its slot; the refill freed one
     lg.check_invariant()
 
 
@@ -63,7 +64,7 @@ def test_filter_only_never_refills() -> None:
     lg = ledger(ratio=0.0)
     ids = generate_and_score(lg, GPS)
     assert not lg.drop_zero_signal(ids[0])
-    assert lg.summary()["refilled"] == 0 and lg.refill.holes == 1 and lg.capacity() == 0
+    assert lg.summary()["refilled"] == 0 and lg.refill.holes == 1 and lg.pipeline().capacity() == 0
 
 
 def test_a_served_step_spends_its_holes_and_renews_the_refills() -> None:
@@ -89,7 +90,7 @@ def test_a_whole_step_of_holes_is_dropped_as_an_empty_step_so_the_gate_never_clo
     for gid in generate_and_score(lg, GPS):
         lg.drop_zero_signal(gid)
     assert lg.refill.holes == 0 and lg.summary()["empty_steps"] == 1
-    assert lg.capacity() == GPS  # the gate opens again: nothing is left in the pipeline
+    assert lg.pipeline().capacity() == GPS  # the gate opens again: nothing is left in the pipeline
     lg.check_invariant()
 
 
@@ -106,15 +107,15 @@ def test_the_signal_rate_is_the_share_of_recent_groups_with_signal() -> None:
 
 def test_a_hole_moves_new_prompts_a_slot_later_at_the_gate() -> None:
     lg = ledger(ratio=0.0, staleness=1)
-    lg.next_version = 5
+    lg.versions.next_version = 5
     ids = generate_and_score(lg, 3)
     lg.drop_zero_signal(ids[0])  # 2 buffered + 1 hole: the next prompt is the 4th slot
-    assert lg.min_version(1) == 4 and lg.min_version(2) == 5
+    assert lg.pipeline().min_version(1) == 4 and lg.pipeline().min_version(2) == 5
 
 
 def test_a_lease_stops_where_its_prompts_would_need_a_newer_version() -> None:
     lg = ledger(ratio=1.0, staleness=1)
-    lg.next_version = 5
+    lg.versions.next_version = 5
     generate_and_score(lg, 2)  # two slots of step 5 taken
     lease, min_version = lg.take_for_generation("gen", 8, now=0.0) or (None, -1)
     # the two slots left of the next step, at version 4; not the ones that need version 5
@@ -127,15 +128,15 @@ def test_ahead_the_gate_plans_replacements_from_the_signal_rate_up_to_the_bound(
     lg = ledger(ratio=1.0, staleness=1, ahead=True)  # 8 slots, at most 2 prompts per slot
     for had_signal in [True, False, True, False]:  # half the groups come back with signal
         lg.refill.observe(had_signal)
-    assert lg.capacity() == 16  # 8 slots / 0.5
+    assert lg.pipeline().capacity() == 16  # 8 slots / 0.5
     capped = ledger(ratio=0.5, staleness=1, ahead=True)
     for had_signal in [True, False, False, False]:
         capped.refill.observe(had_signal)
-    assert capped.capacity() == 12  # 1 / 0.25 = 4 per slot, capped at 1 + 0.5
+    assert capped.pipeline().capacity() == 12  # 1 / 0.25 = 4 per slot, capped at 1 + 0.5
     without = ledger(ratio=1.0, staleness=1)
     for had_signal in [True, False, True, False]:
         without.refill.observe(had_signal)
-    assert without.capacity() == 8  # not ahead: one prompt per slot
+    assert without.pipeline().capacity() == 8  # not ahead: one prompt per slot
 
 
 def test_ahead_without_refills_left_the_gate_lets_out_one_prompt_per_slot() -> None:
@@ -144,12 +145,12 @@ def test_ahead_without_refills_left_the_gate_lets_out_one_prompt_per_slot() -> N
         lg.refill.observe(had_signal)
     ids = generate_and_score(lg, 2)
     assert lg.drop_zero_signal(ids[0])  # the step's one refill is used
-    assert lg.capacity() == 2 * GPS - 1  # 8 slots, one buffered group
+    assert lg.pipeline().capacity() == 2 * GPS - 1  # 8 slots, one buffered group
 
 
 def test_ahead_prompts_are_planned_for_the_step_they_are_expected_in() -> None:
     lg = ledger(ratio=1.0, staleness=1, ahead=True)
-    lg.next_version = 10
+    lg.versions.next_version = 10
     for had_signal in [True, False]:
         lg.refill.observe(had_signal)
     _, first = lg.take_for_generation("gen", 8, now=0.0) or (None, -1)
@@ -165,7 +166,7 @@ def test_the_refill_state_survives_a_checkpoint() -> None:
     lg.drop_zero_signal(ids[0])
     lg.drop_zero_signal(ids[1])
     back = ledger(ratio=0.25)
-    back.load_state(lg.state(), scored=set())
+    load_ledger(back, ledger_state(lg), scored=set())
     assert (back.refill.holes, back.refill.used, list(back.refill.signals)) == (1, 1, [False])
     back.check_invariant()
 

@@ -6,14 +6,15 @@ import numpy as np
 
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.replay import Group, ReplayBuffer
+from grpo_stream.hub.versions import PolicyVersions
 from grpo_stream.protocols.messages import SamplingParams
 
 
-def at(trainer_version: int, max_staleness: int = 1) -> Ledger:
-    """The ledger (owner of staleness) with the trainer at `trainer_version`."""
+def at(trainer_version: int, max_staleness: int = 1) -> PolicyVersions:
+    """The ledger's versions (owner of staleness) with the trainer at `trainer_version`."""
     ledger = Ledger(groups_per_step=4, max_staleness=max_staleness, lease_timeout_s=10.0)
-    ledger.observe_trainer(trainer_version)
-    return ledger
+    ledger.versions.observe_trainer(trainer_version)
+    return ledger.versions
 
 
 def group(gid: int, version: int = 0, adv: float = 1.0) -> Group:

@@ -12,6 +12,7 @@ from grpo_stream.config import HubSettings
 from grpo_stream.hub.batches import offline_stats
 from grpo_stream.hub.journal import SendJournal
 from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.ledger_state import ledger_state, load_ledger
 from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.protocols import messages as m
@@ -152,13 +153,13 @@ def test_a_restored_hub_never_sends_what_its_journal_says_left(tmp_path: Path) -
     d.buffer_groups(3 * GPS)
     d.desk.add(b"r0", request(0))
     d.desk.serve()
-    ckpt = (d.ledger.state(), d.buffer.state(), d.desk.state())
+    ckpt = (ledger_state(d.ledger), d.buffer.state(), d.desk.state())
     d.desk.journal.reset()  # as the hub does after each checkpoint
     d.desk.add(b"r0", request(1))
     d.desk.serve()  # sent after the checkpoint: only the journal knows
     # the hub crashes; a new one restores the checkpoint and replays the journal
     r = Desk(staleness=2)
-    r.ledger.load_state(ckpt[0], scored=set())
+    load_ledger(r.ledger, ckpt[0], scored=set())
     r.buffer.load_state(ckpt[1])
     r.desk.load_state(ckpt[2])
     for record in SendJournal(tmp_path / "sent.journal").read():
@@ -177,7 +178,7 @@ def test_a_restored_hub_never_sends_what_its_journal_says_left(tmp_path: Path) -
 def test_a_restored_hub_counts_groups_dispatched_after_its_checkpoint(tmp_path: Path) -> None:
     d = Desk()
     d.desk.journal = SendJournal(tmp_path / "sent.journal")
-    ckpt = d.ledger.state()  # before anything was dispatched
+    ckpt = ledger_state(d.ledger)  # before anything was dispatched
     taken = d.ledger.take_for_generation("gen", GPS + 2, now=0.0)  # groups 0..5
     assert taken is not None
     for gid in range(2, GPS + 2):  # 2..5 come back, are scored and sent; 0, 1 still out
@@ -188,7 +189,7 @@ def test_a_restored_hub_counts_groups_dispatched_after_its_checkpoint(tmp_path: 
     d.desk.add(b"r0", request(0))
     d.desk.serve()
     r = Desk()
-    r.ledger.load_state(ckpt, scored=set())
+    load_ledger(r.ledger, ckpt, scored=set())
     for record in SendJournal(tmp_path / "sent.journal").read():
         r.desk.replay(record)
     summary = r.ledger.summary()

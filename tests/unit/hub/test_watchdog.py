@@ -88,7 +88,7 @@ def test_reports_repeat_every_stall_report_s(hub):
 def test_a_step_served_resets_the_clock(hub):
     _join(hub, "trainer", "generator", "scorer")
     dog = Watchdog(hub.cfg.run, now=0.0)
-    hub.ledger.next_version = 1  # what serving a step does
+    hub.ledger.versions.next_version = 1  # what serving a step does
     assert _stalls(hub, dog, 25.0, 40.0) == []
 
 

@@ -24,8 +24,10 @@ def test_a_trainer_resumed_behind_the_mark_publishes_above_it() -> None:
 
 def test_what_the_discarded_versions_generated_is_stale_at_the_resumed_version() -> None:
     ledger = Ledger(groups_per_step=4, max_staleness=2, lease_timeout_s=10.0)
-    ledger.observe_trainer(resumed_version(checkpoint_version=50, mark=60, max_staleness=2))
-    assert all(ledger.is_stale(v) for v in range(51, 61))  # the discarded timeline
+    ledger.versions.observe_trainer(
+        resumed_version(checkpoint_version=50, mark=60, max_staleness=2)
+    )
+    assert all(ledger.versions.is_stale(v) for v in range(51, 61))  # the discarded timeline
 
 
 def test_a_trainer_resumed_at_the_newest_version_keeps_it() -> None:
