@@ -63,8 +63,12 @@ def test_8xh100_trainer_runs_one_torchrun_rank_per_gpu() -> None:
     cfg = _cfg("trainer.ranks=4")
     trainer, _ = placed_services(cfg, _local(cfg, *["h100-sxm"] * 8), "tcp://h:1", False)[0]
     assert trainer.argv[1:6] == [
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m",
-    ]  # fmt: skip
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=4",
+        "-m",
+    ]
 
 
 def test_tensor_parallel_generators_get_consecutive_gpus() -> None:
@@ -297,13 +301,17 @@ def test_the_second_trainer_host_waits_for_the_rendezvous_through_its_launcher(
     tmp_path: Path,
 ) -> None:
     spec = _two_trainer_hosts(tmp_path)["trainer-0-n1"]
-    assert spec.prefix == ["srun", "--nodes=1", "--ntasks=1", "-w", "b", "--overlap"]
+    assert spec.prefix[:6] == ["srun", "--nodes=1", "--ntasks=1", "-w", "b", "--overlap"]
+    assert spec.prefix[6] == "env" and "CUDA_VISIBLE_DEVICES=1,2" in spec.prefix  # its GPUs
     # its shipped files are unpacked first (no shared filesystem), then it waits
     assert spec.argv[1:3] == ["-m", "grpo_stream.launch.receive"]
     waits = spec.argv[spec.argv.index("--") + 1 :]
     assert waits[1:5] == [
-        "-m", "grpo_stream.launch.rendezvous", "--address=10.0.0.1:29500", "--host-name=b",
-    ]  # fmt: skip
+        "-m",
+        "grpo_stream.launch.rendezvous",
+        "--address=10.0.0.1:29500",
+        "--host-name=b",
+    ]
 
 
 def test_rank_zero_binds_the_weights_on_the_first_trainer_host(tmp_path: Path) -> None:
