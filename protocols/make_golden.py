@@ -216,47 +216,70 @@ def _payload_examples() -> list[m.Message]:
     digest = "00112233445566778899aabbccddeeff"
     return [
         p.RolloutMeta(
-            lease_id=7, group_id=100, instance="gen-0", policy_version=4,
-            source="tcp://10.0.0.3:5701", digest=digest, prompt_len=4,
-            completion_lens=np.array([3, 4], dtype=np.int64), truncated=[False, True],
-            gen_seconds=0.25, sampling=sampling,
+            lease_id=7,
+            group_id=100,
+            instance="gen-0",
+            policy_version=4,
+            source="tcp://10.0.0.3:5701",
+            digest=digest,
+            prompt_len=4,
+            completion_lens=np.array([3, 4], dtype=np.int64),
+            truncated=[False, True],
+            gen_seconds=0.25,
+            sampling=sampling,
         ),
         p.ScoreRef(
-            lease_id=9, group_id=100, prompt="1+2=", reference={"answer": "3"},
-            source="tcp://10.0.0.3:5701", digest=digest,
+            lease_id=9,
+            group_id=100,
+            prompt="1+2=",
+            reference={"answer": "3"},
+            source="tcp://10.0.0.3:5701",
+            digest=digest,
         ),
         p.PayloadRequest(group_id=100, digest=digest),
         p.TrainBatchRef(
-            step=12, group_ids=np.array([100], dtype=np.int64),
-            sources=["tcp://10.0.0.3:5701"], digests=[digest],
+            step=12,
+            group_ids=np.array([100], dtype=np.int64),
+            sources=["tcp://10.0.0.3:5701"],
+            digests=[digest],
             versions=np.array([4], dtype=np.int64),
             group_offsets=np.array([0, 2], dtype=np.int64),
             completion_lens=np.array([3, 4], dtype=np.int64),
             rewards=np.array([1.0, np.nan], dtype=np.float32),
             advantages=np.array([0.7071, 0.0], dtype=np.float32),
             valid=np.array([1, 0], dtype=np.uint8),
-            totals=m.BatchTotals(num_seqs=1, num_tokens=3), sampling=sampling,
+            totals=m.BatchTotals(num_seqs=1, num_tokens=3),
+            sampling=sampling,
             stats=step_stats_example(),
         ),
         p.PayloadLost(
-            group_ids=[100, 101], reason="trainer: 2 of 16 groups", step=12, trainer_version=4,
-            attempt=0, codes=["payload_evicted", "unreachable"],
+            group_ids=[100, 101],
+            reason="trainer: 2 of 16 groups",
+            step=12,
+            trainer_version=4,
+            attempt=0,
+            codes=["payload_evicted", "unreachable"],
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _teaching_examples() -> list[m.Message]:
     return [
         t.TeachRequest(
-            lease_id=11, group_id=100, prompt_ids=np.array([1, 2, 3, 4], dtype=np.int32),
+            lease_id=11,
+            group_id=100,
+            prompt_ids=np.array([1, 2, 3, 4], dtype=np.int32),
             completion_ids=np.array([5, 6, 7, 8, 9, 10, 11], dtype=np.int32),
-            completion_offsets=np.array([0, 3, 7], dtype=np.int64), temperature=1.0,
+            completion_offsets=np.array([0, 3, 7], dtype=np.int64),
+            temperature=1.0,
         ),
         t.Taught(
-            lease_id=11, group_id=100,
-            logprobs=np.linspace(-2.5, -0.25, 7, dtype=np.float32), error="",
+            lease_id=11,
+            group_id=100,
+            logprobs=np.linspace(-2.5, -0.25, 7, dtype=np.float32),
+            error="",
         ),
-    ]  # fmt: skip
+    ]
 
 
 def examples() -> list[m.Message]:

@@ -73,8 +73,9 @@ def serve_evaluator(link: Session) -> int:
     online = OnlineEval.build(cfg, engine.tokenizer)
     agents = None
     if cfg.env.agent is not None:  # an agent run is evaluated through the agent's endpoint
-        agents = AgentPlayer(cfg.env, engine, engine.tokenizer, cfg.model.name_or_path,
-                             lambda: stop.set).__enter__()  # fmt: skip
+        agents = AgentPlayer(
+            cfg.env, engine, engine.tokenizer, cfg.model.name_or_path, lambda: stop.set
+        ).__enter__()
     try:
         online.run(engine, step=engine.version, agents=agents)
         due = next_due(engine.version, cfg.eval.every)

@@ -106,29 +106,57 @@ class Grouper:
         )
         self.journal = SendJournal(self.run_dir / "hub" / "sent.journal")
         self.desk = BatchDesk(
-            hub, self.ledger, self.buffer, self._send, self._batch_stats, self.journal,
-            crash_limit=cfg.security.batch_crash_limit, checkpoint=self._checkpoint,
-        )  # fmt: skip
+            hub=hub,
+            ledger=self.ledger,
+            buffer=self.buffer,
+            send=self._send,
+            stats=self._batch_stats,
+            journal=self.journal,
+            crash_limit=cfg.security.batch_crash_limit,
+            checkpoint=self._checkpoint,
+        )
         self.direct: DirectPayloads | None = None  # hub.payloads = "direct"
         if hub.payloads == "direct":  # payloads stay with their generators
             self.direct = DirectPayloads(
-                cfg.generator.group_size, self.task, self.ledger, self.desk, self.rollouts,
-                self._refuse, self._checkpoint,
-            )  # fmt: skip
+                group_size=cfg.generator.group_size,
+                task=self.task,
+                ledger=self.ledger,
+                desk=self.desk,
+                rollouts=self.rollouts,
+                refuse=self._refuse,
+                checkpoint=self._checkpoint,
+            )
         self.intake = Intake(
-            cfg, self.ledger, self.buffer, self.trust, self.rollouts, self.direct, self._refuse,
-            self._abort,
-        )  # fmt: skip
+            cfg=cfg,
+            ledger=self.ledger,
+            buffer=self.buffer,
+            trust=self.trust,
+            rollouts=self.rollouts,
+            direct=self.direct,
+            refuse=self._refuse,
+            abort=self._abort,
+        )
         self.teaching = self.intake.teaching  # algo.distill.teacher: groups wait for it
         self.ctx = make_context()
         self.server = Server(
-            self.ctx, hub.bind, cfg.transport, cfg.security, name="hub",
-            guarded=self.secret is not None, setting="hub.bind",
-        )  # fmt: skip
+            ctx=self.ctx,
+            address=hub.bind,
+            settings=cfg.transport,
+            security=cfg.security,
+            name="hub",
+            guarded=self.secret is not None,
+            setting="hub.bind",
+        )
         self.sessions = HubSessions(
-            cfg, self.server, self.registry, self.ledger, self.shares, self, self._refuse,
-            self.secret,
-        )  # fmt: skip
+            cfg=cfg,
+            server=self.server,
+            registry=self.registry,
+            ledger=self.ledger,
+            shares=self.shares,
+            facts=self,
+            refuse=self._refuse,
+            secret=self.secret,
+        )
         self.sessions.on_gone.append(self._peer_gone)
         self._stop = False
         self._exit_code = 0

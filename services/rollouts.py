@@ -77,8 +77,16 @@ def empty_rollout(
     """A Rollout with its identity filled in and no completions yet."""
     empty = np.zeros(0, dtype=np.int32)
     return m.Rollout(
-        lease_id=batch.lease_id, group_id=group_id, instance=instance, policy_version=version,
-        prompt_ids=empty, completion_ids=empty,
-        completion_offsets=np.zeros(1, dtype=np.int64), logprobs=np.zeros(0, dtype=np.float32),
-        texts=[], truncated=[], gen_seconds=seconds, sampling=batch.sampling,
-    )  # fmt: skip
+        lease_id=batch.lease_id,
+        group_id=group_id,
+        instance=instance,
+        policy_version=version,
+        prompt_ids=empty,
+        completion_ids=empty,
+        completion_offsets=np.zeros(1, dtype=np.int64),
+        logprobs=np.zeros(0, dtype=np.float32),
+        texts=[],
+        truncated=[],
+        gen_seconds=seconds,
+        sampling=batch.sampling,
+    )

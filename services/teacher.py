@@ -69,8 +69,9 @@ def serve_teacher(link: Session) -> int:
             if reply.error:
                 failed += 1
                 if (count := warn.allow("teacher.error")) is not None:
-                    log.warning("teacher.error", group_id=msg.group_id, error=reply.error,
-                                count=count)  # fmt: skip
+                    log.warning(
+                        "teacher.error", group_id=msg.group_id, error=reply.error, count=count
+                    )
             else:
                 taught += 1
             link.stats.update(groups_taught=taught, groups_failed=failed, busy_s=round(busy, 3))

@@ -131,9 +131,12 @@ class Trainer:
             list(self.cfg.run.sinks), self.run_dir, self.cfg.model_dump(mode="json")
         )
         log.info(
-            "trainer.ready", version=self.state.version, step=self.state.step,
-            weights=endpoints.weights, announce=endpoints.announce,
-        )  # fmt: skip
+            "trainer.ready",
+            version=self.state.version,
+            step=self.state.step,
+            weights=endpoints.weights,
+            announce=endpoints.announce,
+        )
 
     def publish(self) -> None:
         """Rank 0 sends the current version. Every rank calls this at the same points: under
@@ -250,10 +253,14 @@ class Trainer:
         best = max(samples, key=lambda s: s.reward, default=None)
         if best is not None:
             log.info(
-                "trainer.samples", step=self.state.step, prompt=best.prompt,
-                completion=best.completion, reward=_r(best.reward), shown=len(samples),
+                "trainer.samples",
+                step=self.state.step,
+                prompt=best.prompt,
+                completion=best.completion,
+                reward=_r(best.reward),
+                shown=len(samples),
                 file=str(self.samples.path),
-            )  # fmt: skip
+            )
 
     def _record(
         self, batch: m.TrainBatch, metrics: dict[str, Any], seconds: float, waited: float

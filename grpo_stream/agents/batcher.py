@@ -122,8 +122,9 @@ class Batcher:
         out: list[list[int]] = [r.ids or [] for r in batch]
         for special in (False, True):
             todo = [i for i, r in enumerate(batch) if r.ids is None and r.special == special]
-            for i, ids in zip(todo, self._ids([batch[i].text or "" for i in todo], special),
-                              strict=True):  # fmt: skip
+            for i, ids in zip(
+                todo, self._ids([batch[i].text or "" for i in todo], special), strict=True
+            ):
                 out[i] = ids
         return out
 
@@ -153,7 +154,7 @@ class Batcher:
                         },
                     ),
                 )
-                return None  # fmt: skip
+                return None
             traj.prompt_ids, ep.kind, ep.conv.tools = list(ids), req.kind, req.tools
         elif len(traj.turn_starts) >= cfg.max_turns:
             return self._end(req, "env.max_turns")
@@ -226,9 +227,14 @@ class Batcher:
         return True
 
     def _reply(
-        self, req: TurnRequest, content: str, calls: list[ToolCall], finish: FinishReason,
-        kept: list[int], lps: list[float],
-    ) -> Reply:  # fmt: skip
+        self,
+        req: TurnRequest,
+        content: str,
+        calls: list[ToolCall],
+        finish: FinishReason,
+        kept: list[int],
+        lps: list[float],
+    ) -> Reply:
         ep = req.ep
         turn = len(ep.traj.turn_starts)
         rid = f"grpo-{ep.key}-{turn}"
@@ -246,8 +252,16 @@ class Batcher:
             if finish != "length" or kept:  # an empty "length" reply adds nothing
                 ep.conv.visible.append(len(ep.conv.rendered))
                 ep.conv.rendered.append(assistant_message(content, calls, ids))
-            body = chat_response(rid, req.model, content or (None if calls else ""), calls,
-                                 ids, finish, usage, logprobs)  # fmt: skip
+            body = chat_response(
+                rid=rid,
+                model=req.model,
+                content=content or (None if calls else ""),
+                calls=calls,
+                call_ids=ids,
+                finish=finish,
+                usage=usage,
+                logprobs=logprobs,
+            )
         if req.token_ids:  # vLLM's extension: the exact ids, for token-in-token-out agents
             body["prompt_token_ids"] = (ep.traj.prompt_ids + ep.traj.token_ids)[:seen]
             body["choices"][0]["token_ids"] = list(kept)

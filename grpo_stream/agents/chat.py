@@ -92,8 +92,9 @@ def normalize(raw: Any, index: int) -> Message:
     msg: Message = {"role": "system" if role == "developer" else role}
     msg["content"] = text_of(raw.get("content"), where)
     if role == "assistant" and raw.get("tool_calls"):
-        msg["tool_calls"] = [_call_of(c, f"{where}.tool_calls[{j}]")
-                             for j, c in enumerate(raw["tool_calls"])]  # fmt: skip
+        msg["tool_calls"] = [
+            _call_of(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(raw["tool_calls"])
+        ]
     if role == "tool":
         msg["tool_call_id"] = str(raw.get("tool_call_id") or "")
     if isinstance(raw.get("name"), str) and role != "assistant":
@@ -114,17 +115,21 @@ def _call_of(raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise RequestError(f"{where}.function.arguments is not a JSON object")
     call_id = str(raw.get("id") or "")
-    return {"id": call_id, "type": "function",
-            "function": {"name": fn["name"], "arguments": arguments}}  # fmt: skip
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": arguments},
+    }
 
 
 def assistant_message(content: str | None, calls: Sequence[ToolCall], ids: list[str]) -> Message:
     """The template-shaped message of a reply the endpoint returns."""
     msg: Message = {"role": "assistant", "content": content or ""}
     if calls:
-        msg["tool_calls"] = [{"id": i, "type": "function",
-                              "function": {"name": c.name, "arguments": c.arguments}}
-                             for c, i in zip(calls, ids, strict=True)]  # fmt: skip
+        msg["tool_calls"] = [
+            {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c, i in zip(calls, ids, strict=True)
+        ]
     return msg
 
 
@@ -173,8 +178,9 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.eos_text: str = tokenizer.eos_token or ""
 
-    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None,
-               generation: bool) -> str:  # fmt: skip
+    def render(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None, generation: bool
+    ) -> str:
         text = self.tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=generation
         )
@@ -229,9 +235,13 @@ class ChatFormat:
         return before[cut:] + after[len(before) :], after
 
     def _end_of_last(
-        self, history: list[Message], before: str, tools: list[dict[str, Any]] | None,
-        end: str | None, head: str | None,
-    ) -> int:  # fmt: skip
+        self,
+        history: list[Message],
+        before: str,
+        tools: list[dict[str, Any]] | None,
+        end: str | None,
+        head: str | None,
+    ) -> int:
         """Where the template's text after the model's last message begins in `before`: past
         the end-of-turn text within that message's rendering (all of it when the template
         writes none there). `head`: the rendering the message followed, when known."""

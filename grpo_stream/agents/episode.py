@@ -121,14 +121,28 @@ def prepare_chat(
     except RequestError as exc:
         raise ApiError(400, str(exc)) from None
     except Exception as exc:  # the user's chat template (jinja) may fail on any request
-        raise ApiError(400, f"the chat template cannot render this request: "
-                            f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+        raise ApiError(
+            400, f"the chat template cannot render this request: {type(exc).__name__}: {exc}"
+        ) from None
     return TurnRequest(
-        ep=ep, kind="chat", text=text, ids=None, special=False, limit=req.limit(), digest=key,
-        model=req.model, logprobs=req.logprobs, future=Future(), new=new, head=head,
-        tools=req.tools or None, tool_names=req.tool_names(), parse=parse,
-        forced=None if name is None else forced_prefix(name), token_ids=req.return_token_ids,
-    )  # fmt: skip
+        ep=ep,
+        kind="chat",
+        text=text,
+        ids=None,
+        special=False,
+        limit=req.limit(),
+        digest=key,
+        model=req.model,
+        logprobs=req.logprobs,
+        future=Future(),
+        new=new,
+        head=head,
+        tools=req.tools or None,
+        tool_names=req.tool_names(),
+        parse=parse,
+        forced=None if name is None else forced_prefix(name),
+        token_ids=req.return_token_ids,
+    )
 
 
 def prepare_text(ep: AgentEpisode, req: CompletionRequest, vocab: int, key: str) -> TurnRequest:
@@ -141,8 +155,11 @@ def prepare_text(ep: AgentEpisode, req: CompletionRequest, vocab: int, key: str)
     ids: list[int] | None = None
     if isinstance(req.prompt, str):
         if not req.prompt.startswith(ep.text_so_far):
-            raise ApiError(400, "the prompt does not extend this episode's text so far "
-                                "(its earlier prompts and the replies returned)")  # fmt: skip
+            raise ApiError(
+                400,
+                "the prompt does not extend this episode's text so far "
+                "(its earlier prompts and the replies returned)",
+            )
         text = req.prompt[len(ep.text_so_far) :]
         if first and not text:
             raise ApiError(400, "prompt is empty")
@@ -156,7 +173,15 @@ def prepare_text(ep: AgentEpisode, req: CompletionRequest, vocab: int, key: str)
         if any(not 0 <= t < vocab for t in ids):
             raise ApiError(400, f"prompt ids must be in 0..{vocab - 1}")
     return TurnRequest(
-        ep=ep, kind=kind, text=text, ids=ids, special=first, limit=req.max_tokens, digest=key,
-        model=req.model, logprobs=req.logprobs is not None, future=Future(),
+        ep=ep,
+        kind=kind,
+        text=text,
+        ids=ids,
+        special=first,
+        limit=req.max_tokens,
+        digest=key,
+        model=req.model,
+        logprobs=req.logprobs is not None,
+        future=Future(),
         token_ids=req.return_token_ids,
-    )  # fmt: skip
+    )

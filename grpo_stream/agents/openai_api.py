@@ -24,8 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from grpo_stream.agents.toolcalls import ToolCall
 
 FinishReason = Literal["stop", "length", "tool_calls"]
-SAMPLING_FIELDS = ("temperature", "top_p", "seed", "stop", "presence_penalty",
-                   "frequency_penalty", "logit_bias")  # fmt: skip
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+)
 
 
 class ApiError(Exception):
@@ -144,12 +151,19 @@ def chat_response(
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [
-            {"id": i, "type": "function",
-             "function": {"name": c.name, "arguments": _json(c.arguments)}}
+            {
+                "id": i,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _json(c.arguments)},
+            }
             for c, i in zip(calls, call_ids, strict=True)
-        ]  # fmt: skip
-    choice = {"index": 0, "message": message, "finish_reason": finish,
-              "logprobs": None if logprobs is None else {"content": logprobs}}  # fmt: skip
+        ]
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": finish,
+        "logprobs": None if logprobs is None else {"content": logprobs},
+    }
     return _envelope(rid, "chat.completion", model, choice, usage)
 
 
@@ -164,22 +178,26 @@ def completion_response(
     """A `text_completion` body with one choice."""
     lp = None
     if logprobs is not None:
-        lp = {"tokens": [x["token"] for x in logprobs],
-              "token_logprobs": [x["logprob"] for x in logprobs],
-              "top_logprobs": None, "text_offset": None}  # fmt: skip
+        lp = {
+            "tokens": [x["token"] for x in logprobs],
+            "token_logprobs": [x["logprob"] for x in logprobs],
+            "top_logprobs": None,
+            "text_offset": None,
+        }
     choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": lp}
     return _envelope(rid, "text_completion", model, choice, usage)
 
 
 def token_logprobs(pieces: list[str], logprobs: list[float]) -> list[dict[str, Any]]:
     """OpenAI's per-token log-prob entries of a reply."""
-    return [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(pieces, logprobs, strict=True)]  # fmt: skip
+    return [
+        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+        for t, lp in zip(pieces, logprobs, strict=True)
+    ]
 
 
 def models_response(model: str) -> dict[str, Any]:
-    return {"object": "list",
-            "data": [{"id": model, "object": "model", "owned_by": "grpo-stream"}]}  # fmt: skip
+    return {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "grpo-stream"}]}
 
 
 def _envelope(
@@ -187,11 +205,17 @@ def _envelope(
 ) -> dict[str, Any]:
     prompt, completion = usage
     return {
-        "id": rid, "object": kind, "created": int(time.time()), "model": model,
+        "id": rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
         "choices": [choice],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                  "total_tokens": prompt + completion},
-    }  # fmt: skip
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    }
 
 
 def _json(value: dict[str, Any]) -> str:

@@ -81,13 +81,26 @@ class AgentPlayer:
         fmt = ChatFormat(tokenizer) if getattr(tokenizer, "chat_template", None) else None
         self.fmt = fmt
         self.inbox = Inbox()
-        self.server = EndpointServer(self.inbox, fmt, len(tokenizer), model,
-                                     settings.endpoint_host, settings.endpoint_port)  # fmt: skip
+        self.server = EndpointServer(
+            inbox=self.inbox,
+            fmt=fmt,
+            vocab=len(tokenizer),
+            model=model,
+            host=settings.endpoint_host,
+            port=settings.endpoint_port,
+        )
         self.pool = AgentPool(settings)
         self.warn = RateLimit()
-        self.counts = {"episodes": 0, "episodes_failed": 0, "episodes_truncated": 0,
-                       "tool_calls": 0, "tool_calls_malformed": 0, "agent_timeouts": 0,
-                       "sampling_overridden": 0, "agent_turns": 0}  # fmt: skip
+        self.counts = {
+            "episodes": 0,
+            "episodes_failed": 0,
+            "episodes_truncated": 0,
+            "tool_calls": 0,
+            "tool_calls_malformed": 0,
+            "agent_timeouts": 0,
+            "sampling_overridden": 0,
+            "agent_turns": 0,
+        }
 
     def __enter__(self) -> AgentPlayer:
         self.server.start()
@@ -108,13 +121,17 @@ class AgentPlayer:
         return dict(self.counts)
 
     def play(self, batch: m.PromptBatch, seed: int) -> list[list[Episode]]:
-        sampling = Sampling(batch.sampling.temperature, batch.sampling.top_p,
-                            batch.sampling.max_tokens)  # fmt: skip
+        sampling = Sampling(
+            batch.sampling.temperature, batch.sampling.top_p, batch.sampling.max_tokens
+        )
         run = AgentRun(
-            prompts=list(batch.prompts), references=[dict(r) for r in batch.references],
-            group_size=batch.group_size, sampling=sampling, seed=seed,
+            prompts=list(batch.prompts),
+            references=[dict(r) for r in batch.references],
+            group_size=batch.group_size,
+            sampling=sampling,
+            seed=seed,
             key_base=int(batch.lease_id) * len(batch.prompts) * batch.group_size,
-        )  # fmt: skip
+        )
         return self.play_run(run)
 
     def play_run(self, run: AgentRun) -> list[list[Episode]]:
@@ -122,16 +139,23 @@ class AgentPlayer:
         g = run.group_size
         eps = {
             run.key_base + i: AgentEpisode(
-                key=run.key_base + i, secret=secrets.token_urlsafe(16),
+                key=run.key_base + i,
+                secret=secrets.token_urlsafe(16),
                 task={"prompt": run.prompts[i // g], "reference": dict(run.references[i // g])},
                 traj=Episode(prompt_ids=[]),
             )
             for i in range(len(run.prompts) * g)
-        }  # fmt: skip
+        }
         self.inbox.sampling = run.sampling
         self.inbox.open(list(eps.values()))
-        batcher = Batcher(self.engine, self.tokenizer, self.fmt, self.settings, run.sampling,
-                          run.seed)  # fmt: skip
+        batcher = Batcher(
+            engine=self.engine,
+            tokenizer=self.tokenizer,
+            fmt=self.fmt,
+            settings=self.settings,
+            sampling=run.sampling,
+            seed=run.seed,
+        )
         try:
             jobs = {k: (self.server.url(ep.secret), ep.task) for k, ep in eps.items()}
             lost = self.pool.launch(jobs)
@@ -165,8 +189,11 @@ class AgentPlayer:
             if batcher.ready(talking, now):
                 batcher.step(talking)
                 continue
-            deadlines = [t for t in (batcher.due(), self.pool.due(), self._next_timeout(eps))
-                         if t is not None]  # fmt: skip
+            deadlines = [
+                t
+                for t in (batcher.due(), self.pool.due(), self._next_timeout(eps))
+                if t is not None
+            ]
             timeout = min(deadlines, default=now + _IDLE_WAIT_S) - now
             ready = wait([self.inbox.fileno(), *self.pool.conns()], max(0.0, timeout))
             now = time.monotonic()
@@ -182,8 +209,9 @@ class AgentPlayer:
 
     def _next_timeout(self, eps: dict[int, AgentEpisode]) -> float | None:
         limit = self.settings.agent_timeout_s
-        times = [ep.started + ep.waited_s + limit for ep in eps.values()
-                 if not ep.done and not ep.busy]  # fmt: skip
+        times = [
+            ep.started + ep.waited_s + limit for ep in eps.values() if not ep.done and not ep.busy
+        ]
         return min(times) if times else None
 
     def _time_out(self, eps: dict[int, AgentEpisode], batcher: Batcher, now: float) -> None:
@@ -214,8 +242,13 @@ class AgentPlayer:
             traj.fail(error or "the agent returned no reward")
             count = self.warn.allow("agent.episode_failed")
             if count is not None:
-                log.warning("agent.episode_failed", episode=ep.key, turns=len(traj.texts),
-                            error=traj.error, count=count)  # fmt: skip
+                log.warning(
+                    "agent.episode_failed",
+                    episode=ep.key,
+                    turns=len(traj.texts),
+                    error=traj.error,
+                    count=count,
+                )
             return
         traj.turn_rewards[-1] = reward
         traj.ended = True
@@ -249,8 +282,10 @@ def align_prompts(episodes: list[Episode], fallback: list[int]) -> list[Episode]
     played = [e for e in episodes if e.prompt_ids]
     common = list(played[0].prompt_ids) if played else list(fallback)
     for e in played[1:]:
-        n = next((i for i, (a, b) in enumerate(zip(common, e.prompt_ids, strict=False)) if a != b),
-                 min(len(common), len(e.prompt_ids)))  # fmt: skip
+        n = next(
+            (i for i, (a, b) in enumerate(zip(common, e.prompt_ids, strict=False)) if a != b),
+            min(len(common), len(e.prompt_ids)),
+        )
         common = common[:n] if n else common
         if not n:
             e.fail("its first request shares no token with its group's")

@@ -74,14 +74,19 @@ class EndpointServer:
         import uvicorn  # the server libraries load in generators that serve agents only
 
         config = uvicorn.Config(
-            self.app(), log_level="warning", access_log=False, lifespan="off",
+            self.app(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
             timeout_keep_alive=60,
-        )  # fmt: skip
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
+            target=self._server.run,
+            kwargs={"sockets": [self._sock]},
+            daemon=True,
             name="agent-endpoint",
-        )  # fmt: skip
+        )
         self._thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._server.started:
@@ -102,11 +107,13 @@ class EndpointServer:
         from starlette.routing import Route
 
         base = "/e/{secret}/v1"
-        return Starlette(routes=[
-            Route(f"{base}/chat/completions", self._chat, methods=["POST"]),
-            Route(f"{base}/completions", self._completions, methods=["POST"]),
-            Route(f"{base}/models", self._models, methods=["GET"]),
-        ])  # fmt: skip
+        return Starlette(
+            routes=[
+                Route(f"{base}/chat/completions", self._chat, methods=["POST"]),
+                Route(f"{base}/completions", self._completions, methods=["POST"]),
+                Route(f"{base}/models", self._models, methods=["GET"]),
+            ]
+        )
 
     # ---- routes ---------------------------------------------------------------------
 

@@ -92,9 +92,12 @@ class Runner:
     the pipe (a cancel, the next batch, stop), so no message is read by anyone else then."""
 
     def __init__(
-        self, conn: Connection, fn: AgentFn, client: Callable[[str], Any],
+        self,
+        conn: Connection,
+        fn: AgentFn,
+        client: Callable[[str], Any],
         loop: asyncio.AbstractEventLoop,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.conn, self.fn, self.client, self.loop = conn, fn, client, loop
         self.tasks: dict[int, asyncio.Task[Any]] = {}
         self.cancelled: dict[int, str] = {}
@@ -149,8 +152,11 @@ class Runner:
         if task.cancelled():
             reply = ["error", key, self.cancelled.pop(key, "agent cancelled")]
         elif (exc := task.exception()) is not None:
-            cause = "memory limit" if isinstance(exc, MemoryError) else (
-                f"agent raised {type(exc).__name__}: {exc}")  # fmt: skip
+            cause = (
+                "memory limit"
+                if isinstance(exc, MemoryError)
+                else (f"agent raised {type(exc).__name__}: {exc}")
+            )
             reply = ["error", key, _short(cause)]
         else:
             reward, why = check_reward(task.result())

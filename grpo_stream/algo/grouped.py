@@ -53,8 +53,9 @@ class Rows:
     column: torch.Tensor  # (S, C) long: the column whose logits predict token (s, j)
 
 
-def _widths(prompt_mask: torch.Tensor, prompt_of: torch.Tensor, completion_attn: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _widths(
+    prompt_mask: torch.Tensor, prompt_of: torch.Tensor, completion_attn: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(prompt lengths (U,), completion lengths (S,), row lengths (U,))."""
     prompt_len = prompt_mask.sum(dim=1)
     comp_len = completion_attn.sum(dim=1)
@@ -62,8 +63,9 @@ def _widths(prompt_mask: torch.Tensor, prompt_of: torch.Tensor, completion_attn:
     return prompt_len, comp_len, rows
 
 
-def row_width(prompt_mask: torch.Tensor, prompt_of: torch.Tensor, completion_attn: torch.Tensor
-              ) -> int:  # fmt: skip
+def row_width(
+    prompt_mask: torch.Tensor, prompt_of: torch.Tensor, completion_attn: torch.Tensor
+) -> int:
     """The widest row: a prompt plus all its completions' tokens."""
     return int(_widths(prompt_mask, prompt_of, completion_attn)[2].max())
 
@@ -228,8 +230,16 @@ def _same(model: Any, prompt: torch.Tensor, completions: torch.Tensor, ones: tor
     device = prompt.device
     with torch.no_grad():
         of = torch.zeros(2, dtype=torch.long, device=device)
-        got, _ = grouped_logprobs(model, prompt, torch.ones_like(prompt), of, completions, ones,
-                                  1, with_entropy=False)  # fmt: skip
+        got, _ = grouped_logprobs(
+            model,
+            prompt_ids=prompt,
+            prompt_mask=torch.ones_like(prompt),
+            prompt_of=of,
+            completion_ids=completions,
+            completion_attn=ones,
+            chunk=1,
+            with_entropy=False,
+        )
         full = torch.cat([prompt.expand(2, -1), completions], dim=1)
         mask = torch.zeros_like(full, dtype=torch.bool)
         mask[:, 3:] = True

@@ -264,23 +264,35 @@ def _shared_chunk(
     if any(c is None for c in caches):  # one forward over every row, the cache reordered
         for layer in out.cache.layers:  # in place (rows repeated, with grad)
             layer.reorder_cache(prompt_of)
-        rest = _completion_logits(model, out.cache, prompt_mask[prompt_of], completion_ids,
-                                  completion_attn, lengths[prompt_of])  # fmt: skip
+        rest = _completion_logits(
+            model,
+            out.cache,
+            prompt_mask[prompt_of],
+            completion_ids,
+            completion_attn,
+            lengths[prompt_of],
+        )
         logits = torch.cat([first, rest], dim=1)  # (s, C, V)
         return next_token_logprobs(logits, completion_ids, temperature, with_entropy)
     # one forward per length bucket, each on its own copy of its rows' prompt caches; rows
     # of one token are predicted from the prompt alone
     ran = [s for b in buckets for s in b]
     alone = sorted(set(range(completion_ids.shape[0])) - set(ran))
-    parts = [next_token_logprobs(first[alone], completion_ids[alone, :1], temperature,
-                                  with_entropy)] if alone else []  # fmt: skip
+    parts = (
+        [next_token_logprobs(first[alone], completion_ids[alone, :1], temperature, with_entropy)]
+        if alone
+        else []
+    )
     for bucket, idx, cache in zip(buckets, indices, caches, strict=True):
         w = int(tokens[bucket[-1]])  # a bucket's rows are sorted by length: the last is longest
         ids, attn = completion_ids[idx, :w], completion_attn[idx, :w]
         of = prompt_of[idx]
         rest = _completion_logits(model, cache, prompt_mask[of], ids, attn, lengths[of])
-        parts.append(next_token_logprobs(torch.cat([first[idx], rest], dim=1), ids,
-                                          temperature, with_entropy))  # fmt: skip
+        parts.append(
+            next_token_logprobs(
+                torch.cat([first[idx], rest], dim=1), ids, temperature, with_entropy
+            )
+        )
     inverse = torch.argsort(torch.tensor(alone + ran, device=completion_ids.device))
 
     def assemble(values: list[torch.Tensor]) -> torch.Tensor:

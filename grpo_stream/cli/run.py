@@ -133,9 +133,11 @@ def run(
 
         client_name = client_key_name(keys_dir, service)
     security = SecuritySettings(
-        curve=keys_dir is not None, keys_dir=keys_dir, client_name=client_name or "client",
+        curve=keys_dir is not None,
+        keys_dir=keys_dir,
+        client_name=client_name or "client",
         secret_file=secret_file,
-    )  # fmt: skip
+    )
     setup_logging(service, name, None, log_level, console_json=log_json)
     join = Join(
         service,

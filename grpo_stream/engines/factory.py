@@ -49,7 +49,13 @@ def make_engine(
             )
 
         return VLLMEngine.from_settings(
-            model, generator, transport, security, device, lora=lora, weights=weights,
+            model,
+            generator,
+            transport,
+            security,
+            device,
+            lora=lora,
+            weights=weights,
             secret=secret,
-        )  # fmt: skip
+        )
     raise ValueError(f"unknown engine {name!r}: expected 'hf' or 'vllm'")

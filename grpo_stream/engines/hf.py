@@ -187,8 +187,13 @@ class HFEngine:
     def open_turns(self) -> TurnCache:
         """A KV cache kept between the turns of one batch of episodes: each turn then
         prefills only the tokens added since the last (`grpo_stream.engines.turn_cache`)."""
-        return TurnCache(self._decoder, self._pad_id, self.device, lambda: self.version,
-                         self._completions)  # fmt: skip
+        return TurnCache(
+            decoder=self._decoder,
+            pad_id=self._pad_id,
+            device=self.device,
+            version=lambda: self.version,
+            finish=self._completions,
+        )
 
     def sample_rows(
         self,
@@ -214,10 +219,17 @@ class HFEngine:
         hook = self._between_steps if inflight else None
         with torch.inference_mode():
             got = self._decoder.run(
-                input_ids, mask, max_tokens, temperature, top_p, generator,
-                version=lambda: self.version, between_steps=hook, keep_kv=self._keep_kv,
+                input_ids,
+                mask,
+                max_tokens,
+                temperature,
+                top_p,
+                generator,
+                version=lambda: self.version,
+                between_steps=hook,
+                keep_kv=self._keep_kv,
                 repeats=repeats,
-            )  # fmt: skip
+            )
         return self._completions(got, max_tokens)
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:

@@ -116,8 +116,13 @@ class HFAdapter:
                 name: layer.get_base_layer().weight.detach().clone()
                 for name, layer in self._lora_layers().items()
             }
-        log.info("engine.lora_injected", r=manifest.r, targets=manifest.target_modules,
-                 merge=self.merge, layers=len(self._lora_layers()))  # fmt: skip
+        log.info(
+            "engine.lora_injected",
+            r=manifest.r,
+            targets=manifest.target_modules,
+            merge=self.merge,
+            layers=len(self._lora_layers()),
+        )
 
     def _lora_layers(self) -> dict[str, Any]:
         from peft.tuners.lora import LoraLayer
@@ -228,8 +233,7 @@ class VLLMAdapter:
         self._next_id += 1
         self._dirs[request.lora_int_id] = tmp
         previous, self.request = self.request, request
-        log.info("engine.lora_swapped", engine="vllm", version=version,
-                 lora_id=request.lora_int_id)  # fmt: skip
+        log.info("engine.lora_swapped", engine="vllm", version=version, lora_id=request.lora_int_id)
         return previous
 
     def remove(self, lora_id: int) -> None:

@@ -107,8 +107,12 @@ class TurnCache:
         if self._cache is None or self._sliding:
             return False
         if self.version() != self._held:
-            log.info("turns.cache_dropped", reason="weights changed", held=self._held,
-                     version=self.version())  # fmt: skip
+            log.info(
+                "turns.cache_dropped",
+                reason="weights changed",
+                held=self._held,
+                version=self.version(),
+            )
             return False
         where = {k: i for i, k in enumerate(self._keys)}
         for k, row in zip(keys, rows, strict=True):
@@ -157,8 +161,10 @@ class TurnCache:
         # Equal ids and equal holes: equal cache rows, so equal rows after this chunk too.
         layouts = mask.cpu().numpy()
         same: dict[tuple[tuple[int, ...], bytes], int] = {}
-        first = [same.setdefault((tuple(ids), layouts[i].tobytes()), i)
-                 for i, ids in enumerate(self._ids)]  # fmt: skip
+        first = [
+            same.setdefault((tuple(ids), layouts[i].tobytes()), i)
+            for i, ids in enumerate(self._ids)
+        ]
         if len(same) == len(rows):
             logits, positions, self._mask = self._feed(tails, mask)
         else:

@@ -35,12 +35,16 @@ def evaluate_agent(
     """The eval.jsonl fields of one evaluation of the agent on `problems`."""
     before = player.stats()
     run = AgentRun(
-        prompts=[p.prompt for p in problems], references=[p.reference for p in problems],
-        group_size=ev.k, seed=seed,
-        sampling=Sampling(ev.temperature or sampling.temperature,
-                          GREEDY_TOP_P if ev.greedy else 1.0,
-                          ev.max_tokens or sampling.max_tokens),
-    )  # fmt: skip
+        prompts=[p.prompt for p in problems],
+        references=[p.reference for p in problems],
+        group_size=ev.k,
+        seed=seed,
+        sampling=Sampling(
+            ev.temperature or sampling.temperature,
+            GREEDY_TOP_P if ev.greedy else 1.0,
+            ev.max_tokens or sampling.max_tokens,
+        ),
+    )
     groups = player.play_run(run)
     rewards = [[e.reward for e in group] for group in groups]
     correct = [sum(r >= 1.0 for r in group) for group in rewards]  # NaN >= 1.0 is False

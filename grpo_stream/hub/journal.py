@@ -43,9 +43,13 @@ class Sent:
 
     @classmethod
     def of(
-        cls, seq: int, request: m.BatchRequest, groups: list[int], first: list[bool],
+        cls,
+        seq: int,
+        request: m.BatchRequest,
+        groups: list[int],
+        first: list[bool],
         shards: list[m.TrainBatch] | list[TrainBatchRef],
-    ) -> Sent:  # fmt: skip
+    ) -> Sent:
         frames = [[bytes(f) for f in encode(batch)] for batch in shards]
         return cls(
             seq, request.step, request.trainer_version, request.attempt, groups, first, frames

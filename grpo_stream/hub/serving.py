@@ -149,9 +149,12 @@ class BatchDesk:
         if self.history and self.history[-1][0] == last.step:
             self.history.pop()
         log.error(
-            "batch.poisoned", step=last.step, groups=list(last.groups), deaths=self.deaths,
+            "batch.poisoned",
+            step=last.step,
+            groups=list(last.groups),
+            deaths=self.deaths,
             hint="the trainer died on this batch every time it got it: new groups instead",
-        )  # fmt: skip
+        )
         self.deaths = 0
         if self.checkpoint is not None:
             self.checkpoint()

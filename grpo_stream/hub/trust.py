@@ -104,8 +104,11 @@ class TrustGate:
         for gid in regenerated:
             self.rollouts.pop(gid, None)
         log.error(
-            "generator.quarantined", instance=name,
+            "generator.quarantined",
+            instance=name,
             median_excess_gap=round(verdict.median_excess, 4),
-            max_gap=self.cfg.security.verify.max_gap, window=verdict.groups, requeued=held,
+            max_gap=self.cfg.security.verify.max_gap,
+            window=verdict.groups,
+            requeued=held,
             regenerated=len(regenerated),
-        )  # fmt: skip
+        )

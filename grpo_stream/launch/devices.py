@@ -103,8 +103,18 @@ def _count(path: Path) -> int:
     return sum(math.prod(v["shape"]) for v in _header(path).values())
 
 
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2,
-               "BF16": 2, "I16": 2, "U16": 2}  # fmt: skip
+DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+}
 """Bytes per element of safetensors dtypes (the rest, 8-bit and bool, take 1)."""
 
 

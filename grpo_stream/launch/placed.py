@@ -141,8 +141,11 @@ def placed_services(
             f"teacher-{i}", "teacher", argv, env=placement.env(held), restarts_left=n
         )
         out.append((_via(cfg, hosts, held.host if held else first, spec), held))
-    on_this_machine = [(s, slot.ranks if slot and s.service == "trainer" else 1) for s, slot in out
-                       if s.host == "local" or hosts[s.host].launcher in SAME_MACHINE]  # fmt: skip
+    on_this_machine = [
+        (s, slot.ranks if slot and s.service == "trainer" else 1)
+        for s, slot in out
+        if s.host == "local" or hosts[s.host].launcher in SAME_MACHINE
+    ]
     if cfg.run.torch_threads == "auto":
         shares = run_shares(Path(cfg.run.run_dir), cfg.generator.count)
         size_specs(cfg.run.torch_threads, on_this_machine, shares=shares)

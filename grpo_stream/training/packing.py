@@ -154,11 +154,14 @@ def plan_micro_batches(
         )
     first = parts[0] if parts else None
     layout = (
-        "rows" if first is not None and first.prompts is not None and first.prompts.rows
-        else "shared" if first is not None and first.prompts is not None
-        else "packed" if first is not None and first.packing is not None
+        "rows"
+        if first is not None and first.prompts is not None and first.prompts.rows
+        else "shared"
+        if first is not None and first.prompts is not None
+        else "packed"
+        if first is not None and first.packing is not None
         else "padded"
-    )  # fmt: skip
+    )
     return parts, layout
 
 

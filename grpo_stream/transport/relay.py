@@ -71,9 +71,15 @@ class Relay:
         self._feed: _Feed | None = None
         self.served = 0  # complete streams relayed (read for stats)
         self._serving = ServerThread(
-            ctx, bind, settings, security, "weights-relay", self._serve,
-            guarded=secret is not None, setting="weights.relay_bind",
-        )  # fmt: skip
+            ctx,
+            bind,
+            settings,
+            security,
+            "weights-relay",
+            self._serve,
+            guarded=secret is not None,
+            setting="weights.relay_bind",
+        )
         self.address = self._serving.address
         # signs `address` with the run's secret ("" without one): the weight server's proof
         self.claim = "" if secret is None else relay_claim(secret, self.address)

@@ -90,9 +90,14 @@ class ServerThread:
     ) -> None:
         try:
             server = Server(
-                ctx, bind, settings, security, self.name, guarded=self._guarded,
+                ctx,
+                bind,
+                settings,
+                security,
+                self.name,
+                guarded=self._guarded,
                 setting=self._setting,
-            )  # fmt: skip
+            )
         except Exception as exc:  # reported to __init__, which raises it in the caller
             self._start_failure = exc
             ready.set()

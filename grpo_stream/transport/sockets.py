@@ -152,10 +152,14 @@ class _Endpoint:
             count = self._throttle.allow(f"rejected:{exc.code}", time.monotonic())
             if count is not None:
                 log.warning(
-                    "transport.rejected", socket=self.name, code=exc.code, error=str(exc),
-                    peer=_peer_name(peer), count=count,
+                    "transport.rejected",
+                    socket=self.name,
+                    code=exc.code,
+                    error=str(exc),
+                    peer=_peer_name(peer),
+                    count=count,
                     total=self.rejected[exc.code],
-                )  # fmt: skip
+                )
             return exc
 
     def _note_drop(self, reason: str, msg: Message, peer: bytes | None = None) -> None:
@@ -163,10 +167,14 @@ class _Endpoint:
         count = self._throttle.allow(f"dropped:{reason}", time.monotonic())
         if count is not None:
             log.warning(
-                "transport.dropped", socket=self.name, reason=reason, kind=type(msg).__name__,
-                peer=_peer_name(peer), count=count,
+                "transport.dropped",
+                socket=self.name,
+                reason=reason,
+                kind=type(msg).__name__,
+                peer=_peer_name(peer),
+                count=count,
                 total=self.dropped[reason],
-            )  # fmt: skip
+            )
 
     def _poll_frames(self, timeout_ms: int) -> list[zmq.Frame] | None:
         if not self.socket.poll(timeout_ms, zmq.POLLIN):

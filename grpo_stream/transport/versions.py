@@ -79,11 +79,16 @@ def make_chunks(
     for index, (lo, hi) in enumerate(bounds):
         part = payloads[lo:hi]
         chunk = WeightsChunk(
-            version=version, index=index, count=len(bounds),
-            names=[p.name for p in part], tensors=[p.array for p in part], base=base,
-            encodings=[p.encoding for p in part], checksums=list(checksums[lo:hi]),
+            version=version,
+            index=index,
+            count=len(bounds),
+            names=[p.name for p in part],
+            tensors=[p.array for p in part],
+            base=base,
+            encodings=[p.encoding for p in part],
+            checksums=list(checksums[lo:hi]),
             checksum=checksum,
-        )  # fmt: skip
+        )
         size = sum(memoryview(f).nbytes for f in encode(chunk))
         if size > settings.max_message_bytes:
             raise WeightsError(
@@ -202,9 +207,9 @@ class DeltaHistory:
             payload = None
             if all(p is not None for p in parts):
                 present = [p for p in parts if p is not None]
-                payload = present[0] if len(present) == 1 else compose(
-                    present, arr.nbytes, self._level
-                )  # fmt: skip
+                payload = (
+                    present[0] if len(present) == 1 else compose(present, arr.nbytes, self._level)
+                )
             if payload is None or payload.nbytes >= arr.nbytes:
                 payloads.append(Payload(name, arr, RAW))
             else:

@@ -95,8 +95,13 @@ def detect() -> Support:
     pause = getattr(AsyncLLM, "pause_generation", None)
     if pause is None or "mode" not in inspect.signature(pause).parameters:
         missing.append("AsyncLLM.pause_generation(mode=...)")
-    for name in ("start_weight_update", "update_weights", "finish_weight_update",
-                 "update_weight_version", "resume_generation"):  # fmt: skip
+    for name in (
+        "start_weight_update",
+        "update_weights",
+        "finish_weight_update",
+        "update_weight_version",
+        "resume_generation",
+    ):
         if not hasattr(AsyncLLM, name):
             missing.append(f"AsyncLLM.{name}")
     if "weight_versions" not in getattr(CompletionOutput, "__dataclass_fields__", {}):
@@ -148,9 +153,15 @@ def sampling(n: int, max_tokens: int, temperature: float, top_p: float, seed: in
     from vllm.sampling_params import RequestOutputKind
 
     return SamplingParams(
-        n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0,
-        seed=seed, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
-    )  # fmt: skip
+        n=n,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        logprobs=0,
+        seed=seed,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
 
 
 def token_prompt(ids: list[int], salt: str) -> Any:

@@ -45,7 +45,7 @@ from grpo_stream.config.transport import SecuritySettings, TransportSettings, We
 from grpo_stream.engines.lora import vllm_lora_args
 from grpo_stream.engines.streaming import seeds
 from grpo_stream.engines.vllm import compat as compat
-from grpo_stream.engines.vllm.loop import Finished, Loop
+from grpo_stream.engines.vllm.loop import Finished, Loop, Request
 from grpo_stream.engines.vllm.update import Updater, VLLMEngineDied
 from grpo_stream.models.loading import (
     load_tokenizer,
@@ -112,26 +112,42 @@ class VLLMEngine:
         if lora is not None and lora.enabled:
             lora_args = vllm_lora_args(lora)
         args = compat.engine_args(
-            model=path, tokenizer=path, dtype=resolve_dtype_name(model.dtype, dev), seed=seed,
+            model=path,
+            tokenizer=path,
+            dtype=resolve_dtype_name(model.dtype, dev),
+            seed=seed,
             gpu_memory_utilization=generator.gpu_memory_utilization,
             tensor_parallel_size=generator.tensor_parallel,  # the GPUs placement gave it
             max_model_len=max_model_len,
             # CUDA graphs pay off on GPUs; on the CPU eager mode is the supported path.
             enforce_eager=dev.startswith("cpu"),
-            logprobs_mode="processed_logprobs", generation_config="vllm",
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
             enable_prefix_caching=True,  # episodes: each turn reuses its prefix's KV
             block_size=generator.vllm_block_size,  # None: vLLM's default
             **lora_args,
-        )  # fmt: skip
+        )
         loop = Loop()
         with long_wait("model.load", engine="vllm", model=model.name_or_path):
             llm = loop.run(_start(args))
         updater = Updater.start(
-            llm, loop, path, transport, security, weights or WeightsSettings(),
-            lora=bool(lora_args), model_name=model.name_or_path, secret=secret,
-        )  # fmt: skip
-        log.info("engine.loaded", engine="vllm", model=model.name_or_path, device=dev,
-                 vllm=compat.installed_version())  # fmt: skip
+            llm,
+            loop,
+            path,
+            transport,
+            security,
+            weights or WeightsSettings(),
+            lora=bool(lora_args),
+            model_name=model.name_or_path,
+            secret=secret,
+        )
+        log.info(
+            "engine.loaded",
+            engine="vllm",
+            model=model.name_or_path,
+            device=dev,
+            vllm=compat.installed_version(),
+        )
         return cls(llm, loop, load_tokenizer(model.name_or_path), updater)
 
     # ---- streaming ----------------------------------------------------------------------
@@ -156,8 +172,8 @@ class VLLMEngine:
         rid = f"{self._prefix}-{next(self._ids)}"
         adapter, version = self.updater.acquire()
         tag = (0 if adapter is None else adapter.lora_int_id, version)
-        self._loop.request(self.llm, rid, key, (prompt, params), {"lora_request": adapter},
-                           sink or self._sink, tag)  # fmt: skip
+        args, kwargs = (prompt, params), {"lora_request": adapter}
+        self._loop.request(self.llm, Request(rid, key, args, kwargs, sink or self._sink, tag))
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
         """Token ids of each prompt, as the trainer tokenizes them."""
@@ -220,14 +236,20 @@ class VLLMEngine:
             raise ValueError("generate needs at least one prompt")
         start = time.perf_counter()
         sink: queue.Queue[Finished] = queue.Queue()
-        for i, (ids, s) in enumerate(zip(self.encode(prompts), seeds(seed, len(prompts)),
-                                         strict=True)):  # fmt: skip
+        for i, (ids, s) in enumerate(
+            zip(self.encode(prompts), seeds(seed, len(prompts)), strict=True)
+        ):
             self.submit(i, ids, group_size, max_tokens, temperature, top_p, s, sink)
         done = self._wait_all(sink, len(prompts))
         groups = [self._group(done[i]) for i in range(len(prompts))]
-        log.debug("engine.generated", prompts=len(prompts), group_size=group_size,
-                  tokens=sum(len(c.token_ids) for g in groups for c in g.completions),
-                  seconds=round(time.perf_counter() - start, 4), version=self.version)  # fmt: skip
+        log.debug(
+            "engine.generated",
+            prompts=len(prompts),
+            group_size=group_size,
+            tokens=sum(len(c.token_ids) for g in groups for c in g.completions),
+            seconds=round(time.perf_counter() - start, 4),
+            version=self.version,
+        )
         return groups
 
     def complete(
@@ -248,8 +270,9 @@ class VLLMEngine:
         done = self._wait_all(sink, len(rows))
         outputs = [done[i].output for i in range(len(rows))]
         self.last_cached_tokens = [int(out.num_cached_tokens or 0) for out in outputs]
-        return [self._completion(done[i].output.outputs[0], done[i].tag[1])
-                for i in range(len(rows))]  # fmt: skip
+        return [
+            self._completion(done[i].output.outputs[0], done[i].tag[1]) for i in range(len(rows))
+        ]
 
     def _wait_all(self, sink: queue.Queue[Finished], count: int) -> dict[Hashable, Finished]:
         done: dict[Hashable, Finished] = {}
@@ -285,11 +308,12 @@ class VLLMEngine:
         logprobs = [float(pos[t].logprob) for t, pos in zip(ids, comp.logprobs, strict=True)]
         lora = self.updater.adapter is not None
         return Completion(
-            token_ids=ids, logprobs=logprobs,
+            token_ids=ids,
+            logprobs=logprobs,
             text=self.tokenizer.decode(ids, skip_special_tokens=True),
             truncated=comp.finish_reason == "length",
             version_runs=[(0, submitted)] if lora else compat.version_runs(comp),
-        )  # fmt: skip
+        )
 
     # ---- weights ------------------------------------------------------------------------
 

@@ -39,6 +39,20 @@ class Finished:
     """What the submitter attached to the request (the engine: its adapter and version)."""
 
 
+@dataclass(frozen=True)
+class Request:
+    """One call of `AsyncLLM.generate`, and where its end goes."""
+
+    rid: str
+    """vLLM's request id."""
+    key: Hashable
+    """The submitter's name for it, in `Loop.requests` and its `Finished`."""
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    sink: queue.Queue[Finished]
+    tag: Any = None
+
+
 class Loop:
     """An asyncio event loop on a daemon thread, with the caller's log context."""
 
@@ -46,9 +60,11 @@ class Loop:
         self.loop = asyncio.new_event_loop()
         self.requests: dict[str, Hashable] = {}
         self._thread = threading.Thread(
-            target=contextvars.copy_context().run, args=(self.loop.run_forever,),
-            name="vllm-loop", daemon=True,
-        )  # fmt: skip
+            target=contextvars.copy_context().run,
+            args=(self.loop.run_forever,),
+            name="vllm-loop",
+            daemon=True,
+        )
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
@@ -59,28 +75,23 @@ class Loop:
         """Start `coro` on the loop; do not wait."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def request(
-        self, llm: Any, rid: str, key: Hashable, args: tuple[Any, ...],
-        kwargs: dict[str, Any], sink: queue.Queue[Finished], tag: Any = None,
-    ) -> None:  # fmt: skip
-        """Submit one request: `llm.generate(*args, request_id=rid, **kwargs)`."""
-        self.requests[rid] = key
-        self.spawn(self._drain(llm, rid, key, args, kwargs, sink, time.perf_counter(), tag))
+    def request(self, llm: Any, request: Request) -> None:
+        """Submit one request: `llm.generate(*request.args, request_id=rid, **request.kwargs)`."""
+        self.requests[request.rid] = request.key
+        self.spawn(self._drain(llm, request, time.perf_counter()))
 
-    async def _drain(
-        self, llm: Any, rid: str, key: Hashable, args: tuple[Any, ...],
-        kwargs: dict[str, Any], sink: queue.Queue[Finished], start: float, tag: Any,
-    ) -> None:  # fmt: skip
+    async def _drain(self, llm: Any, request: Request, start: float) -> None:
         final: Any = None
         error: BaseException | None = None
         try:
-            async for out in llm.generate(*args, request_id=rid, **kwargs):
+            async for out in llm.generate(*request.args, request_id=request.rid, **request.kwargs):
                 final = out
         except Exception as exc:  # the engine died, or refused the request: the caller decides
             error = exc
         finally:
-            self.requests.pop(rid, None)
-        sink.put(Finished(key, final, error, time.perf_counter() - start, tag))
+            self.requests.pop(request.rid, None)
+        seconds = time.perf_counter() - start
+        request.sink.put(Finished(request.key, final, error, seconds, request.tag))
 
     def close(self) -> None:
         """Cancel what still runs on the loop (vLLM's output handler too), then stop it."""

@@ -68,9 +68,13 @@ class Updater:
     """The vllm engine's weights: version held, fetcher, checks, pause and transfer."""
 
     def __init__(
-        self, llm: Any, loop: Loop, fetcher: VersionFetcher, shapes: CheckpointShapes,
+        self,
+        llm: Any,
+        loop: Loop,
+        fetcher: VersionFetcher,
+        shapes: CheckpointShapes,
         adapter: VLLMAdapter | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.llm = llm
         self.loop = loop
         self.fetcher = fetcher
@@ -90,10 +94,17 @@ class Updater:
 
     @classmethod
     def start(
-        cls, llm: Any, loop: Loop, path: str, transport: TransportSettings,
-        security: SecuritySettings, weights: WeightsSettings, lora: bool, model_name: str,
+        cls,
+        llm: Any,
+        loop: Loop,
+        path: str,
+        transport: TransportSettings,
+        security: SecuritySettings,
+        weights: WeightsSettings,
+        lora: bool,
+        model_name: str,
         secret: bytes | None = None,
-    ) -> Updater:  # fmt: skip
+    ) -> Updater:
         """Initialise vLLM's transfer protocol and label the loaded weights version 0.
         `secret`: the run's, which signs the relay's claim (`weights.relay`)."""
         loop.run(compat.init_transfer(llm))
@@ -106,8 +117,9 @@ class Updater:
             updater.adapter = VLLMAdapter(
                 lambda req: bool(loop.run(llm.add_lora(req))),
                 lambda lora_id: bool(loop.run(llm.remove_lora(lora_id))),
-                local, model_name,
-            )  # fmt: skip
+                local,
+                model_name,
+            )
         return updater
 
     def acquire(self) -> tuple[Any, int]:
@@ -211,8 +223,14 @@ class Updater:
         self.version = version
         paused = time.perf_counter() - start
         self.paused_s.append(paused)
-        log.info("engine.weights_loaded", engine="vllm", version=version, pause=mode,
-                 paused_s=round(paused, 4), fetches=self.fetcher.fetches)  # fmt: skip
+        log.info(
+            "engine.weights_loaded",
+            engine="vllm",
+            version=version,
+            pause=mode,
+            paused_s=round(paused, 4),
+            fetches=self.fetcher.fetches,
+        )
         return version
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:

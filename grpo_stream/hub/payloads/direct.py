@@ -83,9 +83,13 @@ class DirectPayloads:
         problem = self.task.problem(group_id)
         _, source, digest = self.where[group_id]
         return ScoreRef(
-            lease_id=lease_id, group_id=group_id, prompt=problem.prompt,
-            reference=dict(problem.reference), source=source, digest=digest,
-        )  # fmt: skip
+            lease_id=lease_id,
+            group_id=group_id,
+            prompt=problem.prompt,
+            reference=dict(problem.reference),
+            source=source,
+            digest=digest,
+        )
 
     def attach(self, group: Group) -> None:
         """A scored group keeps its payload's address and digest into the buffer."""
@@ -118,9 +122,12 @@ class DirectPayloads:
             self.rollouts.pop(gid, None)
             del self.where[gid]
         log.warning(
-            "payloads.holder_lost", holder=holder, why=why, regenerated=n,
+            "payloads.holder_lost",
+            holder=holder,
+            why=why,
+            regenerated=n,
             buffered_dropped=len(dropped),
-        )  # fmt: skip
+        )
         return n
 
     def on_lost(self, peer: Peer, msg: PayloadLost) -> None:
@@ -135,15 +142,21 @@ class DirectPayloads:
         elif peer.service == "trainer":
             first = self.desk.unserve(msg.step, msg.trainer_version, msg.attempt)
             if first is None:
-                refuse(f"step {msg.step} (v{msg.trainer_version}, attempt {msg.attempt}) "
-                       "is not the step last served")  # fmt: skip
+                refuse(
+                    f"step {msg.step} (v{msg.trainer_version}, attempt {msg.attempt}) "
+                    "is not the step last served"
+                )
                 return
             self.ledger.unserve(first)
             self.checkpoint()
             log.warning(
-                "payloads.step_unserved", step=msg.step, groups=first, lost=list(msg.group_ids),
-                codes=list(msg.codes), reason=msg.reason,
-            )  # fmt: skip
+                "payloads.step_unserved",
+                step=msg.step,
+                groups=first,
+                lost=list(msg.group_ids),
+                codes=list(msg.codes),
+                reason=msg.reason,
+            )
         else:
             refuse(f"payload_lost comes from a scorer or the trainer, not a {peer.service}")
 

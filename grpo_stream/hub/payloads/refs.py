@@ -47,12 +47,19 @@ def shell_rollout(meta: RolloutMeta) -> m.Rollout:
     offsets[1:] = np.cumsum(lens)
     empty = np.zeros(0, dtype=np.int32)
     return m.Rollout(
-        lease_id=meta.lease_id, group_id=meta.group_id, instance=meta.instance,
-        policy_version=meta.policy_version, prompt_ids=empty, completion_ids=empty,
+        lease_id=meta.lease_id,
+        group_id=meta.group_id,
+        instance=meta.instance,
+        policy_version=meta.policy_version,
+        prompt_ids=empty,
+        completion_ids=empty,
         completion_offsets=offsets,
-        logprobs=np.zeros(0, dtype=np.float32), texts=[""] * len(lens),
-        truncated=list(meta.truncated), gen_seconds=meta.gen_seconds, sampling=meta.sampling,
-    )  # fmt: skip
+        logprobs=np.zeros(0, dtype=np.float32),
+        texts=[""] * len(lens),
+        truncated=list(meta.truncated),
+        gen_seconds=meta.gen_seconds,
+        sampling=meta.sampling,
+    )
 
 
 def build_ref_step(
@@ -158,9 +165,12 @@ def score_request_of(
         bad = check_rollout(got, group_size)
         if bad is None:
             return m.ScoreRequest(
-                lease_id=ref.lease_id, group_id=ref.group_id, prompt=ref.prompt,
-                completions=list(got.texts), reference=dict(ref.reference),
-            )  # fmt: skip
+                lease_id=ref.lease_id,
+                group_id=ref.group_id,
+                prompt=ref.prompt,
+                completions=list(got.texts),
+                reference=dict(ref.reference),
+            )
         got = "mismatch"
     return PayloadLost(group_ids=[ref.group_id], reason=f"scorer: {got}", codes=[got])
 
@@ -183,6 +193,10 @@ def fetch_batch(
     if not lost:
         return materialize(batch, good)
     return PayloadLost(
-        group_ids=lost, reason=f"trainer: {len(lost)} of {len(good) + len(lost)} groups",
-        step=batch.step, trainer_version=version, attempt=attempt, codes=codes,
-    )  # fmt: skip
+        group_ids=lost,
+        reason=f"trainer: {len(lost)} of {len(good) + len(lost)} groups",
+        step=batch.step,
+        trainer_version=version,
+        attempt=attempt,
+        codes=codes,
+    )

@@ -49,8 +49,12 @@ class RayNode:
 def connect(address: str | None) -> None:
     """Join the Ray cluster at `address` (host:port of its head), or start a local one."""
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
-                 configure_logging=False)  # fmt: skip
+        ray.init(
+            address=address,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            configure_logging=False,
+        )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = address or "a local cluster"
         raise RayClusterError(f"cannot join Ray at {where} (--address): {exc}") from None
@@ -63,13 +67,14 @@ def live_nodes() -> list[RayNode]:
     names = Counter(str(n["NodeManagerHostname"]) for n in rows)
     return [
         RayNode(
-            name=str(n["NodeManagerHostname"]) if names[n["NodeManagerHostname"]] == 1
+            name=str(n["NodeManagerHostname"])
+            if names[n["NodeManagerHostname"]] == 1
             else str(n["NodeManagerAddress"]),
             node_id=str(n["NodeID"]),
             address=str(n["NodeManagerAddress"]),
         )
         for n in rows
-    ]  # fmt: skip
+    ]
 
 
 def on_node(node: RayNode) -> NodeAffinitySchedulingStrategy:
@@ -97,8 +102,15 @@ def cluster_file(cfg: RunConfig, nodes: list[RayNode], hub: RayNode, port: int) 
         services = {"generator": generators[node.name], "scorer": scorers[node.name]}
         if node is hub:
             services |= {"hub": 1, "trainer": cfg.trainer.ranks}
-        hosts.append(ClusterHost(name=node.name, address=node.address, bind=node.address,
-                                 launcher="ray", services=services))  # fmt: skip
+        hosts.append(
+            ClusterHost(
+                name=node.name,
+                address=node.address,
+                bind=node.address,
+                launcher="ray",
+                services=services,
+            )
+        )
     return ClusterFile(hub_port=port, hosts=hosts)
 
 
@@ -115,8 +127,9 @@ def node_devices(nodes: list[RayNode]) -> dict[str, HostFingerprint]:
 
 def hub_port(hub: RayNode) -> int:
     task: Any = ray.remote(num_cpus=0)(free_port)
-    port: int = ray.get(task.options(scheduling_strategy=on_node(hub)).remote(hub.address),
-                        timeout=60)  # fmt: skip
+    port: int = ray.get(
+        task.options(scheduling_strategy=on_node(hub)).remote(hub.address), timeout=60
+    )
     return port
 
 

@@ -188,9 +188,16 @@ class RayRunner:
         return None
 
     def _note(self, proc: RayProc, what: str) -> None:
-        self.events.put({"event": "service.restarted", "level": "warning", "why": what,
-                         "service": proc.spec.service, "instance": proc.spec.instance,
-                         "host": proc.spec.host})  # fmt: skip
+        self.events.put(
+            {
+                "event": "service.restarted",
+                "level": "warning",
+                "why": what,
+                "service": proc.spec.service,
+                "instance": proc.spec.instance,
+                "host": proc.spec.host,
+            }
+        )
 
     def drain(self, timeout_s: float) -> list[dict[str, Any]]:
         return drain_events(self.events, timeout_s)
