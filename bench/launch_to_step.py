@@ -26,7 +26,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -34,10 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO_ROOT, RESULTS_DIR
+from tests.e2e.conftest import SMALL
+from tests.e2e.conftest import up_command as e2e_up_command
 
-SMALL = ["hub.groups_per_step=4", "generator.group_size=4", "generator.prompts_per_request=4"]
-CONFIG = "[run]\nmax_steps = 2\n[hub]\ngroups_per_step = 4\n[generator]\ngroup_size = 4\n" \
-         "prompts_per_request = 4\n"  # fmt: skip
+CONFIG = (
+    "[run]\nmax_steps = 2\n[hub]\ngroups_per_step = 4\n[generator]\ngroup_size = 4\n"
+    "prompts_per_request = 4\n"
+)
 LAUNCHERS = ("local", "slurm", "ray")
 POLL_S = 0.02
 TIMEOUT_S = 300.0
@@ -53,9 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def up_command(run_dir: Path, *extra: str) -> list[str]:
-    sets = [x for s in SMALL for x in ("--set", s)]
-    return [sys.executable, "-m", "grpo_stream.cli.main", "up", "--run-dir", str(run_dir),
-            "--max-steps", "2", *sets, *extra]  # fmt: skip
+    """`up` for two steps of the e2e tests' small run (tests/e2e/conftest.py's command)."""
+    return e2e_up_command(run_dir, 2, *extra, settings=SMALL)
 
 
 def first_step(metrics: Path, proc: subprocess.Popen[bytes] | None, started: float) -> float:
@@ -83,8 +84,9 @@ def time_up(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> fl
     """Launch `up` (local, or `extra` for another launcher) and time its first step."""
     with open(os.devnull, "wb") as null:
         started = time.monotonic()
-        proc = subprocess.Popen(up_command(run_dir, *extra), stdout=null, stderr=null, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            up_command(run_dir, *extra), stdout=null, stderr=null, env=env, start_new_session=True
+        )
     try:
         return first_step(run_dir / "metrics.jsonl", proc, started)
     finally:
@@ -94,25 +96,13 @@ def time_up(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> fl
 @contextlib.contextmanager
 def slurm_launcher(root: Path) -> Iterator[Callable[[int], float]]:
     from tests.e2e.clusters.netns import cluster_lock
-    from tests.e2e.clusters.slurm import slurm_cluster
+    from tests.e2e.clusters.slurm import slurm_cluster, submit_script
 
     with cluster_lock(), slurm_cluster(root / "slurm") as slurm:
-        bin_dir = Path(sys.executable).parent
 
         def run(n: int) -> float:
-            env = {
-                "PATH": f"{bin_dir}:{os.environ['PATH']}",
-                "CONFIG_TOML": CONFIG,
-                "RUN_DIR": f"/var/tmp/bench-{n}",
-                "GRPO_STREAM": str(bin_dir / "grpo-stream"),
-                "GENERATORS_PER_NODE": "1",
-                "SCORERS": "1",
-                "SCORER_NODE": "3",
-            }
-            script = REPO_ROOT / "deploy" / "slurm" / "grpo-stream.sbatch"
-            output = "--output=/var/tmp/bench-%j.out"
             started = time.monotonic()
-            job = slurm.sbatch("--nodes=3", "--gpus-per-node=0", output, str(script), env=env)
+            job = submit_script(slurm, f"bench-{n}", CONFIG, SCORER_NODE="3")
             metrics = slurm.node("cl-n1").local / f"bench-{n}" / "metrics.jsonl"
             try:
                 return first_step(metrics, None, started)
@@ -129,8 +119,14 @@ def ray_launcher(root: Path) -> Iterator[Callable[[int], float]]:
     from tests.e2e.clusters.raycluster import ray_cluster
 
     with cluster_lock(), ray_cluster(root / "ray") as cluster:
-        yield lambda n: time_up(cluster.driver_dir / f"run-{n}", "--launcher", "ray",
-                                "--address", cluster.address, env=cluster.env)  # fmt: skip
+        yield lambda n: time_up(
+            cluster.driver_dir / f"run-{n}",
+            "--launcher",
+            "ray",
+            "--address",
+            cluster.address,
+            env=cluster.env,
+        )
 
 
 def measure(launchers: list[str], repeats: int, root: Path) -> dict[str, list[float]]:
@@ -160,8 +156,10 @@ def report(times: dict[str, list[float]], load: list[str]) -> dict[str, Any]:
         ratio = median / local if median is not None and local else None
         rows[name] = {"seconds": values, "median_s": median, "vs_local": ratio}
         shown = "-" if median is None else f"{median:6.1f} s"
-        print(f"{name:6} first step after {shown}  ({'-' if ratio is None else f'{ratio:.2f}x'} "
-              f"local)  runs: {', '.join(f'{v:.1f}' for v in values) or '-'}")  # fmt: skip
+        print(
+            f"{name:6} first step after {shown}  ({'-' if ratio is None else f'{ratio:.2f}x'} "
+            f"local)  runs: {', '.join(f'{v:.1f}' for v in values) or '-'}"
+        )
     return {
         "launchers": rows,
         "loadavg": load,
@@ -173,14 +171,18 @@ def report(times: dict[str, list[float]], load: list[str]) -> dict[str, Any]:
 def smoke(launchers: list[str]) -> None:
     """Commands and pre-flight only: every launcher's command builds, local passes --check."""
     with tempfile.TemporaryDirectory() as tmp:
-        check = subprocess.run(up_command(Path(tmp) / "run", "--check"), capture_output=True,
-                               text=True, timeout=120)  # fmt: skip
+        check = subprocess.run(
+            up_command(Path(tmp) / "run", "--check"), capture_output=True, text=True, timeout=120
+        )
         if check.returncode != 0:
             raise SystemExit(f"up --check failed: {check.stdout}{check.stderr}")
         for name in launchers:
             extra = ["--launcher", "ray", "--address", "HEAD:PORT"] if name == "ray" else []
-            cmd = (["sbatch", "--nodes=3", str(REPO_ROOT / "deploy/slurm/grpo-stream.sbatch")]
-                   if name == "slurm" else up_command(Path(tmp) / "run", *extra))  # fmt: skip
+            cmd = (
+                ["sbatch", "--nodes=3", str(REPO_ROOT / "deploy/slurm/grpo-stream.sbatch")]
+                if name == "slurm"
+                else up_command(Path(tmp) / "run", *extra)
+            )
             print(f"{name:6} {' '.join(cmd[:8])} ...")
     print("smoke: commands built, pre-flight passed; nothing timed")
 

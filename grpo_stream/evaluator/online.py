@@ -69,6 +69,10 @@ def check_disjoint(cfg: RunConfig, tokenizer: Any = None) -> None:
             )
 
 
+SCORES = {"pass_at_1": "eval/pass@1", "pass_at_k": "eval/pass@k", "reward": "eval/reward"}
+"""What `eval.done` logs of an evaluation row."""
+
+
 @dataclass
 class OnlineEval:
     """Evaluates engine weights on the fixed evaluation problems."""
@@ -123,33 +127,30 @@ class OnlineEval:
             **{f"eval/reward/{n}": v for n, v in summary["reward_means"].items()},
             "eval/reward_errors": summary["reward_errors"],
             "eval/truncated": summary["truncated"],
-            "eval/problems": len(self.problems),
-            "eval/seconds": round(time.perf_counter() - t0, 3),
-            "wall_time": time.time(),
         }
-        self._write(row)
-        log.info(
-            "eval.done",
-            step=step,
-            pass_at_1=round(row["eval/pass@1"], 4),
-            pass_at_k=round(row["eval/pass@k"], 4),
-            reward=round(row["eval/reward"], 4),
-            seconds=row["eval/seconds"],
-        )
-        return row
+        return self._record(row, t0)
 
     def _run_agents(self, engine: Engine, step: int, agents: AgentPlayer) -> dict[str, Any]:
         gen, t0 = self.cfg.generator, time.perf_counter()
         sampling = Sampling(gen.temperature, 1.0, gen.max_tokens)
         fields = evaluate_agent(agents, self.problems, self.cfg.eval, sampling, self.cfg.run.seed)
         row: dict[str, Any] = {
-            "step": step, "policy_version": engine.version, **fields, "eval/k": self.cfg.eval.k,
-            "eval/problems": len(self.problems),
-            "eval/seconds": round(time.perf_counter() - t0, 3), "wall_time": time.time(),
-        }  # fmt: skip
+            "step": step,
+            "policy_version": engine.version,
+            **fields,
+            "eval/k": self.cfg.eval.k,
+        }
+        return self._record(row, t0)
+
+    def _record(self, row: dict[str, Any], t0: float) -> dict[str, Any]:
+        """`row` with its problem count, the seconds since `t0` and the wall time, written
+        to RUN_DIR/eval.jsonl and logged."""
+        row["eval/problems"] = len(self.problems)
+        row["eval/seconds"] = round(time.perf_counter() - t0, 3)
+        row["wall_time"] = time.time()
         self._write(row)
-        log.info("eval.done", step=step, pass_at_1=round(row["eval/pass@1"], 4),
-                 reward=round(row["eval/reward"], 4), seconds=row["eval/seconds"])  # fmt: skip
+        scores = {name: round(row[key], 4) for name, key in SCORES.items()}
+        log.info("eval.done", step=row["step"], seconds=row["eval/seconds"], **scores)
         return row
 
     def _write(self, row: dict[str, Any]) -> None:

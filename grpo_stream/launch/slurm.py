@@ -46,17 +46,24 @@ class SlurmLayout:
     """Where the services of a run go on the job's nodes (the sbatch script's parameters)."""
 
     nodes: tuple[str, ...]
+    """The job's nodes, in SLURM_JOB_NODELIST's order: the first runs the hub."""
     trainer_nodes: int = 1
+    """TRAINER_NODES: the first nodes, each running trainer ranks."""
     trainer_gpus: int = 1
-    """Trainer ranks on each trainer node (one GPU each when the job has GPUs)."""
+    """TRAINER_GPUS: trainer ranks on each trainer node (one GPU each when the job has GPUs)."""
     generators_per_node: int = 8
+    """GENERATORS_PER_NODE: on each generator node."""
     scorers: int = 2
+    """SCORERS: scorer processes, all on the scorer node."""
     scorer_node: int = 1
-    """1-based: the node that runs the scorers."""
+    """SCORER_NODE, 1-based: the node that runs the scorers."""
     gpus_per_node: int = 0
+    """SLURM_GPUS_ON_NODE: 0 places no GPU."""
     hub_port: int = 5555
+    """HUB_PORT: the hub's port on the first node."""
     generator_cpus: int | None = None
-    """CPUs of each srun step on a node that runs only generators (None: Slurm's default)."""
+    """GENERATOR_CPUS: CPUs of each srun step on a node that runs only generators (None:
+    Slurm's default)."""
 
     def generator_nodes(self) -> list[int]:
         """Indices of the nodes that run generators: those after the trainer's other than

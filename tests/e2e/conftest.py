@@ -4,6 +4,8 @@ read the run directory."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -127,6 +129,15 @@ def pid_of(run_dir: Path, instance: str, timeout: float = 30) -> int:
                 return int(svc["pid"])
         time.sleep(0.3)
     raise AssertionError(f"{instance} is not registered at the hub")
+
+
+def killed_after_step_two(run: Run, instance: str) -> list[dict[str, Any]]:
+    """Kill `instance` with SIGKILL once the run passed step 2; the run must still complete.
+    The hub's `peer.joined` events of `instance` (a restarted service joins again)."""
+    run.wait_steps(2)
+    os.kill(pid_of(run.run_dir, instance), signal.SIGKILL)
+    assert run.finish() == 0, run.output()[-3000:]
+    return [e for e in hub_events(run.run_dir, "peer.joined") if e["instance"] == instance]
 
 
 def hub_events(run_dir: Path, event: str) -> list[dict[str, Any]]:

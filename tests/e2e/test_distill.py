@@ -4,13 +4,11 @@ processes; the teacher is another shipped model with the policy's vocabulary (ti
 from __future__ import annotations
 
 import math
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
-from .conftest import Run, assert_exactly_once, hub_events, metrics, pid_of
+from .conftest import Run, assert_exactly_once, hub_events, killed_after_step_two, metrics
 
 pytestmark = pytest.mark.slow
 TEACHER = ("--set", "algo.distill.teacher=grpo-stream/tiny-calc")
@@ -35,14 +33,9 @@ def test_a_killed_teacher_is_restarted_and_its_groups_taught_once(
     tmp_path: Path, background_run: list[Run]
 ) -> None:
     steps = 14
-    run = Run(
-        tmp_path / "run", steps, *TEACHER, "--set", "run.restarts=2",
-        "--set", "trainer.throttle_s=0.3", "--set", "teacher.timeout_s=5",
-    )  # fmt: skip
+    paced = ["--set", "run.restarts=2", "--set", "trainer.throttle_s=0.3"]
+    run = Run(tmp_path / "run", steps, *TEACHER, *paced, "--set", "teacher.timeout_s=5")
     background_run.append(run)
-    run.wait_steps(2)
-    os.kill(pid_of(run.run_dir, "teacher-0"), signal.SIGKILL)
-    assert run.finish() == 0, run.output()[-3000:]
+    joins = killed_after_step_two(run, "teacher-0")
     assert_exactly_once(run.run_dir, steps)
-    joins = [e for e in hub_events(run.run_dir, "peer.joined") if e["instance"] == "teacher-0"]
     assert len(joins) >= 2  # the restarted teacher joined again and got work

@@ -18,6 +18,7 @@ from .conftest import (
     assert_accounting,
     assert_exactly_once,
     hub_events,
+    killed_after_step_two,
     metrics,
     pid_of,
     status,
@@ -35,14 +36,11 @@ def test_generator_killed_is_redispatched_and_restarted(
 ) -> None:
     run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
     background_run.append(run)
-    run.wait_steps(2)
-    os.kill(pid_of(run.run_dir, "generator-0"), signal.SIGKILL)
-    assert run.finish() == 0, run.output()[-3000:]
+    joins = killed_after_step_two(run, "generator-0")
     counters = assert_accounting(run.run_dir, STEPS)
     assert counters["requeued_generate"] + counters["redispatched"] > 0 or hub_events(
         run.run_dir, "peer.lost"
     )
-    joins = [e for e in hub_events(run.run_dir, "peer.joined") if e["instance"] == "generator-0"]
     assert len(joins) >= 2  # the restarted generator joined again and got work
 
 
@@ -51,11 +49,8 @@ def test_scorer_killed_is_redispatched_and_restarted(
 ) -> None:
     run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
     background_run.append(run)
-    run.wait_steps(2)
-    os.kill(pid_of(run.run_dir, "scorer-0"), signal.SIGKILL)
-    assert run.finish() == 0, run.output()[-3000:]
+    joins = killed_after_step_two(run, "scorer-0")
     assert_accounting(run.run_dir, STEPS)
-    joins = [e for e in hub_events(run.run_dir, "peer.joined") if e["instance"] == "scorer-0"]
     assert len(joins) >= 2 and joins[-1]["joined"] >= 2  # the restarted scorer came back
 
 

@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ import pytest
 
 from .netns import HOST_ADDR, Node, kill_pids, nodes
 
+SCRIPT = Path(__file__).parents[3] / "deploy" / "slurm" / "grpo-stream.sbatch"
 NODES = {"cl-n1": "10.201.0.11", "cl-n2": "10.201.0.12", "cl-n3": "10.201.0.13"}
 SLURMD_PORT = 6818  # each slurmd listens in its own namespace: no clash on this host
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
@@ -261,3 +263,21 @@ def _stop(slurm: Slurm) -> None:
         kill_pids([slurm.daemons["slurmctld"].pid], grace_s=10)
     for proc in slurm.daemons.values():
         proc.wait(timeout=30)
+
+
+def submit_script(slurm: Slurm, name: str, config: str, **params: str) -> int:
+    """deploy/slurm/grpo-stream.sbatch as a user submits it on the three nodes (no GPUs
+    here) with `params` in its environment: the config in CONFIG_TOML, RUN_DIR /var/tmp/NAME
+    on each node's own disk, the job's output in /var/tmp/NAME-JOBID.out on cl-n1. The job id."""
+    bin_dir = Path(sys.executable).parent
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CONFIG_TOML": config,
+        "RUN_DIR": f"/var/tmp/{name}",
+        "GRPO_STREAM": str(bin_dir / "grpo-stream"),
+        "GENERATORS_PER_NODE": "1",
+        "SCORERS": "1",
+        **params,
+    }
+    output = f"--output=/var/tmp/{name}-%j.out"
+    return slurm.sbatch("--nodes=3", "--gpus-per-node=0", output, str(SCRIPT), env=env)

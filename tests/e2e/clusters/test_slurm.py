@@ -16,10 +16,8 @@ Submitted as a user would (`sbatch --nodes=3 deploy/slurm/grpo-stream.sbatch`, o
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,9 +30,8 @@ from grpo_stream.protocols import messages as m
 from ..conftest import assert_exactly_once, metrics, trainer_consumed
 from .conftest import events, rewards, stranger_hello
 from .netns import cluster_lock
-from .slurm import SLURMD_PORT, Slurm, slurm_cluster
+from .slurm import SLURMD_PORT, Slurm, slurm_cluster, submit_script
 
-SCRIPT = Path(__file__).parents[3] / "deploy" / "slurm" / "grpo-stream.sbatch"
 HUB = "tcp://10.201.0.11:5555"
 STEPS = 60
 CONFIG = """
@@ -82,19 +79,7 @@ class Job:
 
 def submit(slurm: Slurm, name: str, config: str, **params: str) -> Job:
     """The script as written, with the config in CONFIG_TOML and RUN_DIR on each node's disk."""
-    bin_dir = Path(sys.executable).parent
-    env = {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "CONFIG_TOML": config,
-        "RUN_DIR": f"/var/tmp/{name}",
-        "GRPO_STREAM": str(bin_dir / "grpo-stream"),
-        "GENERATORS_PER_NODE": "1",
-        "SCORERS": "1",
-        **params,
-    }
-    output = f"--output=/var/tmp/{name}-%j.out"
-    job_id = slurm.sbatch("--nodes=3", "--gpus-per-node=0", output, str(SCRIPT), env=env)
-    return Job(job_id, name, slurm)
+    return Job(submit_script(slurm, name, config, **params), name, slurm)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Fixtures: a tiny random Qwen2 model with a character-level tokenizer, saved to disk.
+"""Fixtures: a tiny random Qwen2 model with a character-level tokenizer, saved to disk, and a
+real weight server on loopback.
 
 The model has head_dim 64 (what vLLM's CPU attention accepts) and about 0.1M parameters,
 so a forward pass takes milliseconds on one CPU thread.
@@ -12,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
+
+from grpo_stream.config.transport import SecuritySettings, TransportSettings
+from grpo_stream.transport.weights import WeightServer
 
 # vLLM's CPU backend sizes its KV cache as gpu_memory_utilization x the NUMA node's memory
 # minus the worker's own RSS (~0.6 GiB): the tests' 0.05 of a 24 GiB node left room, of a
@@ -95,3 +100,15 @@ def hf_engine(tokenizer: Any) -> Iterator[Any]:
     engine = HFEngine(build_tiny_model(tokenizer), tokenizer, device="cpu")
     yield engine
     engine.close()
+
+
+@pytest.fixture
+def weight_server() -> Iterator[WeightServer]:
+    """A real trainer weight server on loopback (plaintext)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    server = WeightServer(
+        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", TransportSettings(), SecuritySettings()
+    )
+    yield server
+    server.close()
+    ctx.destroy(linger=0)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-import zmq
 
 from grpo_stream.config.lora import LoraSettings
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
@@ -100,17 +99,6 @@ def test_incomplete_adapter_version_is_refused_before_any_write(
     with pytest.raises(AdapterError, match="do not match its manifest"):
         hf_engine.load_weights(newer[1:], 2)  # a tensor lost on the way
     assert torch.equal(logits(hf_engine.model), before)
-
-
-@pytest.fixture
-def weight_server() -> Iterator[WeightServer]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    server = WeightServer(
-        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", TransportSettings(), SecuritySettings()
-    )
-    yield server
-    server.close()
-    ctx.destroy(linger=0)
 
 
 def test_update_from_server_applies_an_adapter_version(

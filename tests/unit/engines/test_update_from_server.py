@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import torch
-import zmq
 
-from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.transport.weights import WeightServer
 
 PROMPTS = ["1+2=", "12+34="]
-
-
-@pytest.fixture
-def weight_server() -> Iterator[WeightServer]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    server = WeightServer(
-        ctx, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", TransportSettings(), SecuritySettings()
-    )
-    yield server
-    server.close()
-    ctx.destroy(linger=0)
 
 
 def trained_copy(model: Any) -> dict[str, torch.Tensor]:

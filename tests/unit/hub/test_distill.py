@@ -20,21 +20,10 @@ from grpo_stream.hub.replay import Group
 from grpo_stream.protocols.distill import Taught
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_refill import generate_and_score
 from test_replay import group
 
 TEACHER_LP = np.array([-0.5, -0.25, -1.0], np.float32)  # group()'s three completion tokens
-
-
-def scored(lg: Ledger, n: int) -> list[int]:
-    """Lease `n` groups, take each through generation and scoring."""
-    taken = lg.take_for_generation("gen", n, now=0.0)
-    assert taken is not None
-    ids = sorted(taken[0].group_ids)
-    for gid in ids:
-        assert lg.accept_rollout(gid)
-        assert lg.take_for_scoring("scorer", now=0.0) is not None
-        assert lg.accept_scored(gid)
-    return ids
 
 
 class Hub:
@@ -46,7 +35,7 @@ class Hub:
         self.teaching = Teaching(weight, self.ledger, self.buffered.append)
 
     def hold(self, n: int) -> list[int]:
-        ids = scored(self.ledger, n)
+        ids = generate_and_score(self.ledger, n)
         for gid in ids:
             self.teaching.hold(group(gid))
         return ids

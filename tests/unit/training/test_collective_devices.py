@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,14 +26,14 @@ import torch
 from grpo_stream.cli.service_exit import end_service_process
 from grpo_stream.config import RunConfig, load_config
 
-sys.path.insert(0, str(Path(__file__).parent))  # strict_collectives, trainstates, test_ddp
+sys.path.insert(0, str(Path(__file__).parent))  # strict_collectives, trainstates
 from strict_collectives import (
     CollectiveDeviceError,
     HostDefaultElsewhere,
     distributed_modules,
     strict_collectives,
 )
-from trainstates import make_batch
+from trainstates import make_batch, run_ranks, step_and_shards
 
 WORLD = 2
 
@@ -118,13 +117,11 @@ def test_a_minibatch_step_with_a_rollback_keeps_collectives_on_the_trainers_devi
 
 def _rank(out: Path) -> None:
     """One rank under torchrun: FSDP2 then DDP steps, all inside the strict gloo."""
-    from test_ddp import _batches
-
     from grpo_stream.training.state import TrainState
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
-    shard = _batches()[1][rank]
+    shard = step_and_shards(4, WORLD)[1][rank]
     results: dict[str, Any] = {}
     device = _trainer_device(_config(out / "probe"))
     with HostDefaultElsewhere() as mode, strict_collectives(device) as seen:
@@ -145,11 +142,7 @@ def _rank(out: Path) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("collectives")
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*torchrun, f"--nproc-per-node={WORLD}", __file__, str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_ranks(__file__, out, WORLD)
     results: dict[str, Any] = json.loads((out / "collectives.json").read_text())
     return results
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,21 +21,16 @@ from grpo_stream.cli.service_exit import end_service_process
 from grpo_stream.config import RunConfig, load_config
 from grpo_stream.protocols.messages import TrainBatch
 
+sys.path.insert(0, str(Path(__file__).parent))  # trainstates
+from trainstates import run_ranks, step_and_shards
+
 WORLD = 2
 GROUPS = 3  # uneven shards: rank 0 gets 8 sequences (3 micro-batches), rank 1 gets 4 (2)
 slow = pytest.mark.slow  # the ranks' tests take over 20 s: torchrun, ranks loading models
 
 
-def _ddp_case() -> ModuleType:
-    """test_ddp, for its random groups (this directory is on sys.path: the script's own
-    under torchrun, `syspath_prepend` under pytest)."""
-    import test_ddp
-
-    return test_ddp
-
-
 def _batches() -> tuple[TrainBatch, list[TrainBatch]]:
-    return _ddp_case()._batches(GROUPS)  # type: ignore[no-any-return]
+    return step_and_shards(GROUPS, WORLD)
 
 
 def _config(run_dir: Path, *sets: str) -> RunConfig:
@@ -105,11 +98,7 @@ def _rank(out: Path) -> None:
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What rank 0 saved after the two-rank FSDP2 run."""
     out = tmp_path_factory.mktemp("fsdp")
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*torchrun, f"--nproc-per-node={WORLD}", __file__, str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_ranks(__file__, out, WORLD)
     results: dict[str, Any] = torch.load(out / "fsdp.pt", weights_only=False)
     return results
 
@@ -123,7 +112,6 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as patch:
         for var in ("WORLD_SIZE", "RANK"):
             patch.delenv(var, raising=False)
-        patch.syspath_prepend(str(Path(__file__).parent))
         whole = _batches()[0]
         state = TrainState.create(_config(tmp_path_factory.mktemp("single")))
     before = {n: p.detach().clone() for n, p in state.model.named_parameters()}

@@ -4,6 +4,7 @@ checkpoints, resume, rollback and the settings' bad input."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,12 @@ import torch
 
 from grpo_stream.config import ConfigError, RunConfig, load_config
 from grpo_stream.hub.batches import build_batch
-from grpo_stream.hub.replay import Group
 from grpo_stream.models.adapter import MANIFEST_NAME, AdapterError, split_adapter
-from grpo_stream.protocols.messages import SamplingParams, TrainBatch
+from grpo_stream.protocols.messages import TrainBatch
 from grpo_stream.training.state import TrainState
+
+sys.path.insert(0, str(Path(__file__).parent))  # trainstates
+from trainstates import random_group
 
 LORA = ["trainer.lora.enabled=true", "trainer.lr=0.02"]
 
@@ -27,26 +30,7 @@ def _config(run_dir: Path, *extra: str) -> RunConfig:
 
 def _batch(step: int = 0, groups: int = 3) -> TrainBatch:
     rng = np.random.default_rng(step)
-    made = []
-    for gid in range(groups):
-        lengths = rng.integers(2, 7, size=4)
-        offsets = np.zeros(5, dtype=np.int64)
-        offsets[1:] = np.cumsum(lengths)
-        rewards = rng.random(4).astype(np.float32)
-        made.append(
-            Group(
-                group_id=gid,
-                policy_version=step,
-                prompt_ids=rng.integers(3, 20, size=5).astype(np.int32),
-                completion_ids=rng.integers(3, 20, size=int(offsets[-1])).astype(np.int32),
-                completion_offsets=offsets,
-                logprobs=(-rng.random(int(offsets[-1])) - 0.5).astype(np.float32),
-                rewards=rewards,
-                advantages=((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32),
-                valid=np.ones(4, dtype=bool),
-                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
-            )
-        )
+    made = [random_group(g, rng, rng.integers(2, 7, size=4), version=step) for g in range(groups)]
     return build_batch(step, made)
 
 

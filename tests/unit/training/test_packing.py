@@ -9,8 +9,6 @@ the masks and positions are exact.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,12 +19,14 @@ import torch
 
 from grpo_stream.algo.bins import first_fit_rows
 from grpo_stream.cli.service_exit import end_service_process
-from grpo_stream.config import load_config
 from grpo_stream.hub.batches import build_batch, build_step
 from grpo_stream.hub.replay import Group
-from grpo_stream.protocols.messages import SamplingParams, TrainBatch
+from grpo_stream.protocols.messages import TrainBatch
 from grpo_stream.training.batch import to_tensors
 from grpo_stream.training.packing import pack_rows, plan, row_width
+
+sys.path.insert(0, str(Path(__file__).parent))  # trainstates
+from trainstates import grads, random_group, rel_diff, run_ranks, state_for
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 MAX_TOKENS = 30
@@ -35,22 +35,7 @@ WORLD = 2
 
 def _group(gid: int, rng: np.random.Generator) -> Group:
     lengths = rng.integers(1, MAX_TOKENS, size=4)  # uneven completions, 1..29 tokens
-    offsets = np.zeros(5, dtype=np.int64)
-    offsets[1:] = np.cumsum(lengths)
-    rewards = rng.random(4).astype(np.float32)
-    adv = ((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32)
-    return Group(
-        group_id=gid,
-        policy_version=0,
-        prompt_ids=rng.integers(3, 20, size=int(rng.integers(2, 9))).astype(np.int32),
-        completion_ids=rng.integers(3, 20, size=int(offsets[-1])).astype(np.int32),
-        completion_offsets=offsets,
-        logprobs=(-rng.random(int(offsets[-1])) - 0.5).astype(np.float32),
-        rewards=rewards,
-        advantages=adv,
-        valid=np.ones(4, dtype=bool),
-        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8),
-    )
+    return random_group(gid, rng, lengths, prompt=(2, 9))
 
 
 def _batches(groups: int = 6) -> tuple[TrainBatch, list[TrainBatch]]:
@@ -68,10 +53,7 @@ def _one_thread() -> None:
 
 
 def _state(run_dir: Path, overrides: list[str]) -> Any:
-    from grpo_stream.training.state import TrainState
-
-    base = [f"run.run_dir={json.dumps(str(run_dir))}", f"generator.max_tokens={MAX_TOKENS}"]
-    return TrainState.create(load_config(None, base + overrides))
+    return state_for(run_dir, f"generator.max_tokens={MAX_TOKENS}", *overrides)
 
 
 PADDED = ["trainer.packing=false", "trainer.micro_batch=1000", "trainer.share_prompts=false"]
@@ -82,19 +64,6 @@ PACKED = [
     "trainer.share_prompts=false",
 ]
 """Packed rows, several micro-batches of at most 80 token slots, log-probs one row at a time."""
-
-
-def _grads(state: Any, batch: TrainBatch) -> dict[str, torch.Tensor]:
-    state.optimizer.zero_grad(set_to_none=True)
-    t = to_tensors(batch, state._pad_id())
-    t.old_logp = t.old_logp.to(next(state.model.parameters()).dtype)
-    state._forward_backward(t, batch)
-    return {n: p.grad.detach().clone() for n, p in state.model.named_parameters()}
-
-
-def _rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    scale = max(float(g.abs().max()) for g in b.values())
-    return max(float((a[n] - b[n]).abs().max()) for n in b) / scale
 
 
 # ---- the plan -------------------------------------------------------------------------------
@@ -155,7 +124,7 @@ def test_packed_gradients_equal_padded_in_float32(tmp_path: Path, aggregation: s
     packed = _state(tmp_path / "a", agg + PACKED)
     parts = packed._micro_batches(to_tensors(batch, 0))
     assert len(parts) > 3 and all(p.packing is not None for p in parts)  # packed, several
-    diff = _rel_diff(_grads(packed, batch), _grads(_state(tmp_path / "b", agg + PADDED), batch))
+    diff = rel_diff(grads(packed, batch), grads(_state(tmp_path / "b", agg + PADDED), batch))
     assert diff <= 1e-5
 
 
@@ -166,7 +135,7 @@ def test_packed_gradients_equal_padded_in_float64_with_kl(tmp_path: Path) -> Non
         s.model.double()
         s.ref_model.double()
     batch = _batches()[0]
-    assert _rel_diff(_grads(states[0], batch), _grads(states[1], batch)) <= 1e-10
+    assert rel_diff(grads(states[0], batch), grads(states[1], batch)) <= 1e-10
 
 
 def test_packed_step_changes_parameters(tmp_path: Path) -> None:
@@ -191,30 +160,23 @@ def _rank(out: str) -> None:
     for aggregation in AGGREGATIONS:
         agg = [f'algo.loss.aggregation="{aggregation}"']
         state = _state(Path(out) / f"rank{rank}", agg + PACKED)
-        grads = _grads(state, shard)
+        got = grads(state, shard)
         if rank == 0:
-            save_file(grads, str(Path(out) / f"{aggregation}.safetensors"))
+            save_file(got, str(Path(out) / f"{aggregation}.safetensors"))
     end_service_process(0)  # as a trainer rank ends: torch's gloo teardown can deadlock
 
 
 @pytest.mark.slow  # torchrun: two ranks loading the model
-def test_two_packed_ranks_match_one_padded_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_two_packed_ranks_match_one_padded_process(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     torch.set_num_threads(1)
-    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*torchrun, f"--nproc-per-node={WORLD}", __file__, str(tmp_path)]
-    ranks = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert ranks.returncode == 0, ranks.stderr[-3000:]
+    run_ranks(__file__, tmp_path, WORLD, timeout=240)
     for aggregation in AGGREGATIONS:
         agg = [f'algo.loss.aggregation="{aggregation}"']
-        single = _grads(_state(tmp_path / aggregation, agg + PADDED), _batches()[0])
+        single = grads(_state(tmp_path / aggregation, agg + PADDED), _batches()[0])
         ddp = load_file(str(tmp_path / f"{aggregation}.safetensors"))
-        assert _rel_diff(ddp, single) <= 1e-5, aggregation
+        assert rel_diff(ddp, single) <= 1e-5, aggregation
 
 
 if __name__ == "__main__":

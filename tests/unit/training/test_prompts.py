@@ -4,7 +4,7 @@ the prompts' KV cache; wide groups run on the cache."""
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_stream.config import load_config
 from grpo_stream.hub.batches import build_batch
 from grpo_stream.hub.replay import Group
 from grpo_stream.protocols.messages import SamplingParams, TrainBatch
@@ -25,6 +24,9 @@ from grpo_stream.training.prompts import (
     shared_micro_batches,
 )
 
+sys.path.insert(0, str(Path(__file__).parent))  # trainstates
+from trainstates import grads, random_group, rel_diff, state_for
+
 MAX_TOKENS = 30
 PADDED = ["trainer.packing=false", "trainer.micro_batch=1000", "trainer.share_prompts=false"]
 """The reference: one padded micro-batch holding the whole batch, each prompt run per row."""
@@ -35,24 +37,8 @@ SHARED = ["trainer.micro_batch_tokens=120", "trainer.micro_batch=6", "algo.loss.
 def _group(gid: int, rng: np.random.Generator, prompt: np.ndarray | None = None) -> Group:
     lengths = rng.integers(0, MAX_TOKENS, size=4)  # uneven completions, an empty one possible
     lengths[0] = max(int(lengths[0]), 1)
-    offsets = np.zeros(5, dtype=np.int64)
-    offsets[1:] = np.cumsum(lengths)
-    rewards = rng.random(4).astype(np.float32)
-    adv = ((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32)
-    if prompt is None:
-        prompt = rng.integers(3, 20, size=int(rng.integers(2, 9))).astype(np.int32)
-    return Group(
-        group_id=gid,
-        policy_version=0,
-        prompt_ids=prompt,
-        completion_ids=rng.integers(3, 20, size=int(offsets[-1])).astype(np.int32),
-        completion_offsets=offsets,
-        logprobs=(-rng.random(int(offsets[-1])) - 0.5).astype(np.float32),
-        rewards=rewards,
-        advantages=adv,
-        valid=np.ones(4, dtype=bool),
-        sampling=SamplingParams(temperature=0.8, top_p=1.0, max_tokens=MAX_TOKENS),
-    )
+    sampling = SamplingParams(temperature=0.8, top_p=1.0, max_tokens=MAX_TOKENS)
+    return random_group(gid, rng, lengths, (2, 9) if prompt is None else prompt, sampling=sampling)
 
 
 def _batch(groups: int = 5, seed: int = 0) -> TrainBatch:
@@ -66,23 +52,7 @@ def _one_thread() -> None:
 
 
 def _state(run_dir: Path, overrides: list[str]) -> Any:
-    from grpo_stream.training.state import TrainState
-
-    base = [f"run.run_dir={json.dumps(str(run_dir))}", f"generator.max_tokens={MAX_TOKENS}"]
-    return TrainState.create(load_config(None, base + overrides))
-
-
-def _grads(state: Any, batch: TrainBatch) -> dict[str, torch.Tensor]:
-    state.optimizer.zero_grad(set_to_none=True)
-    t = to_tensors(batch, state._pad_id())
-    t.old_logp = t.old_logp.to(next(state.model.parameters()).dtype)
-    state._forward_backward(t, batch)
-    return {n: p.grad.detach().clone() for n, p in state.model.named_parameters()}
-
-
-def _rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    scale = max(float(g.abs().max()) for g in b.values())
-    return max(float((a[n] - b[n]).abs().max()) for n in b) / scale
+    return state_for(run_dir, f"generator.max_tokens={MAX_TOKENS}", *overrides)
 
 
 def _tensors(batch: TrainBatch) -> Tensors:
@@ -174,7 +144,7 @@ def test_shared_gradients_equal_padded_in_float32(tmp_path: Path, rows: bool) ->
     assert len(parts) > 2 and all(p.prompts is not None for p in parts)
     assert all(p.prompts is not None and p.prompts.rows == rows for p in parts)
     assert shared.layout == ("rows" if rows else "shared")
-    diff = _rel_diff(_grads(shared, batch), _grads(_state(tmp_path / "b", PADDED), batch))
+    diff = rel_diff(grads(shared, batch), grads(_state(tmp_path / "b", PADDED), batch))
     assert diff <= 1e-5
 
 
@@ -189,7 +159,7 @@ def test_shared_gradients_equal_padded_in_float64_with_kl(tmp_path: Path, rows: 
     batch = _batch()
     # The float64 logits agree to the last bit or so (3e-17 measured); log-probs are float32
     # from the logits on, and that cast can round a logit one float32 ulp (6e-8) apart.
-    assert _rel_diff(_grads(states[0], batch), _grads(states[1], batch)) <= 1e-7
+    assert rel_diff(grads(states[0], batch), grads(states[1], batch)) <= 1e-7
 
 
 def test_gradient_checkpointing_falls_back_to_packing(tmp_path: Path) -> None:

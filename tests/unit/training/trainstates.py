@@ -1,19 +1,28 @@
 """Helpers of the trainer-state tests (imported with this directory on sys.path): the real
-TrainState on the shipped tiny model, and TrainBatches built by the hub's `build_batch`."""
+TrainState on the shipped tiny model, TrainBatches built by the hub's `build_batch` from
+random groups, gradients of one batch, and ranks started by torchrun."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from grpo_stream.config import load_config
-from grpo_stream.hub.batches import build_batch
+from grpo_stream.cli.service_exit import end_service_process
+from grpo_stream.config import RunConfig, load_config
+from grpo_stream.hub.batches import build_batch, build_step
 from grpo_stream.hub.replay import Group
 from grpo_stream.protocols.messages import SamplingParams, TrainBatch
+from grpo_stream.training.batch import to_tensors
+
+SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8)
 
 
 def make_state(run_dir: Path, *overrides: str, resume: bool = False) -> Any:
@@ -31,6 +40,14 @@ def make_state(run_dir: Path, *overrides: str, resume: bool = False) -> Any:
         ],
     )
     return TrainState.create(cfg, resume=resume)
+
+
+def state_for(run_dir: Path, *overrides: str) -> Any:
+    """TrainState.create on the shipped tiny model with the default settings but these."""
+    from grpo_stream.training.state import TrainState
+
+    cfg = load_config(None, [f"run.run_dir={json.dumps(str(run_dir))}", *overrides])
+    return TrainState.create(cfg)
 
 
 def make_group(
@@ -77,3 +94,103 @@ def params_of(state: Any) -> dict[str, torch.Tensor]:
 
 def same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def random_group(
+    gid: int,
+    rng: np.random.Generator,
+    lengths: np.ndarray,
+    prompt: np.ndarray | int | tuple[int, int] = 5,
+    version: int = 0,
+    sampling: SamplingParams = SAMPLING,
+) -> Group:
+    """Four completions of `lengths` tokens (ids 3..19) drawn after them: rewards uniform in
+    [0, 1) with their group-normalised advantages, behaviour log-probs in (-1.5, -0.5]. The
+    prompt: these ids, that many random ids, or a random count in [low, high)."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rewards = rng.random(4).astype(np.float32)
+    adv = ((rewards - rewards.mean()) / (rewards.std() + 1e-4)).astype(np.float32)
+    if isinstance(prompt, tuple):
+        prompt = int(rng.integers(*prompt))
+    if isinstance(prompt, int):
+        prompt = rng.integers(3, 20, size=prompt).astype(np.int32)
+    return Group(
+        group_id=gid,
+        policy_version=version,
+        prompt_ids=prompt,
+        completion_ids=rng.integers(3, 20, size=int(offsets[-1])).astype(np.int32),
+        completion_offsets=offsets,
+        logprobs=(-rng.random(int(offsets[-1])) - 0.5).astype(np.float32),
+        rewards=rewards,
+        advantages=adv,
+        valid=np.ones(4, dtype=bool),
+        sampling=sampling,
+    )
+
+
+def grads(state: Any, batch: TrainBatch) -> dict[str, torch.Tensor]:
+    """The gradients of one forward and backward over `batch` (no optimizer step)."""
+    state.optimizer.zero_grad(set_to_none=True)
+    t = to_tensors(batch, state._pad_id())
+    t.old_logp = t.old_logp.to(next(state.model.parameters()).dtype)
+    state._forward_backward(t, batch)
+    return {n: p.grad.detach().clone() for n, p in state.model.named_parameters()}
+
+
+def rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest difference between `a` and `b`, relative to the largest value of `b`."""
+    scale = max(float(g.abs().max()) for g in b.values())
+    return max(float((a[n] - b[n]).abs().max()) for n in b) / scale
+
+
+def run_ranks(script: str, out: Path, world: int, timeout: float = 280) -> None:
+    """`python script out` as `world` ranks under torchrun --standalone (gloo on the CPU);
+    fails the test with the ranks' last output when one fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [*torchrun, f"--nproc-per-node={world}", script, str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def step_and_shards(groups: int, world: int) -> tuple[TrainBatch, list[TrainBatch]]:
+    """One step of `groups` random groups (completions of 2..6 tokens, prompts of 5) and its
+    per-rank shards as the hub splits it, with the totals the hub adds."""
+    rng = np.random.default_rng(0)
+    made = [random_group(g, rng, rng.integers(2, 7, size=4)) for g in range(groups)]
+    whole = build_batch(1, made)
+    return whole, build_step(1, made, whole.stats, world=world)
+
+
+def train_rank(out: str, config: Callable[[Path], RunConfig], groups: int, world: int) -> None:
+    """One rank, started by torchrun (which sets RANK, WORLD_SIZE, MASTER_ADDR/PORT): one
+    step on its shard of `step_and_shards(groups, world)`, its parameters saved to
+    OUT/rankR.safetensors."""
+    from safetensors.torch import save_file
+
+    from grpo_stream.training.state import TrainState
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    state = TrainState.create(config(Path(out) / f"rank{rank}"))
+    assert state.train_step(step_and_shards(groups, world)[1][rank]).applied
+    save_file(params_of(state), str(Path(out) / f"rank{rank}.safetensors"))
+    end_service_process(0)  # as a trainer rank ends: torch's gloo teardown can deadlock
+
+
+def ranks_and_one_process(
+    script: str, out: Path, config: Callable[[Path], RunConfig], groups: int, world: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """`script` (whose main is `train_rank`) as `world` ranks, then one process training on
+    the whole step: its parameters before and after, and each rank's after."""
+    from safetensors.torch import load_file
+
+    from grpo_stream.training.state import TrainState
+
+    torch.set_num_threads(1)
+    run_ranks(script, out, world)
+    single = TrainState.create(config(out / "single"))
+    before = params_of(single)
+    assert single.train_step(step_and_shards(groups, world)[0]).applied
+    ranks = [load_file(str(out / f"rank{r}.safetensors")) for r in range(world)]
+    return before, params_of(single), ranks

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,24 @@ def _welcome() -> Welcome:
     return Welcome(run_id="r1", config={}, config_digest="abc", peers=peers, policy_version=0)
 
 
+@pytest.fixture
+def hub(ctx: Context, settings: TransportSettings, plain: SecuritySettings) -> Iterator[Server]:
+    """A plaintext server on a free loopback port, closed after the test."""
+    server = Server(ctx, LOCAL, settings, plain, "hub")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def rogue(
+    ctx: Context, hub: Server, settings: TransportSettings, plain: SecuritySettings
+) -> Iterator[Client]:
+    """A client of `hub` that sends what the test writes on its socket."""
+    client = Client(ctx, hub.address, settings, plain, "rogue")
+    yield client
+    client.close()
+
+
 def _recv_until(server: Server, deadline_s: float = 10.0) -> tuple[bytes, object]:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -58,13 +77,9 @@ def _recv_until(server: Server, deadline_s: float = 10.0) -> tuple[bytes, object
     raise AssertionError("nothing arrived")
 
 
-def test_server_binds_port_zero_to_a_real_port(
-    ctx: Context, settings: TransportSettings, plain: SecuritySettings
-) -> None:
-    server = Server(ctx, LOCAL, settings, plain, "hub")
-    assert server.address.startswith("tcp://127.0.0.1:")
-    assert not server.address.endswith(":0")
-    server.close()
+def test_server_binds_port_zero_to_a_real_port(hub: Server) -> None:
+    assert hub.address.startswith("tcp://127.0.0.1:")
+    assert not hub.address.endswith(":0")
 
 
 def test_request_reply_round_trip(
@@ -83,10 +98,9 @@ def test_request_reply_round_trip(
 
 
 def test_garbage_is_counted_logged_answered_and_server_keeps_serving(
-    ctx: Context, settings: TransportSettings, plain: SecuritySettings
+    hub: Server, rogue: Client
 ) -> None:
-    server = Server(ctx, LOCAL, settings, plain, "hub")
-    client = Client(ctx, server.address, settings, plain, "rogue")
+    server, client = hub, rogue
     client.socket.send_multipart([b"\xc1 not msgpack", b"junk"])
     with capture_logs() as logs:
         deadline = time.monotonic() + 10
@@ -99,15 +113,10 @@ def test_garbage_is_counted_logged_answered_and_server_keeps_serving(
     assert isinstance(reply, Error) and reply.code == "bad_header"
     client.send(StatusRequest())
     assert _recv_until(server) == (b"rogue", StatusRequest())
-    client.close()
-    server.close()
 
 
-def test_repeated_rejections_are_logged_once_and_all_counted(
-    ctx: Context, settings: TransportSettings, plain: SecuritySettings
-) -> None:
-    server = Server(ctx, LOCAL, settings, plain, "hub")
-    client = Client(ctx, server.address, settings, plain, "rogue")
+def test_repeated_rejections_are_logged_once_and_all_counted(hub: Server, rogue: Client) -> None:
+    server, client = hub, rogue
     for _ in range(3):
         client.socket.send_multipart([b"\xc1"])
     with capture_logs() as logs:
@@ -116,8 +125,6 @@ def test_repeated_rejections_are_logged_once_and_all_counted(
             server.recv(50)
     assert server.rejected["bad_header"] == 3
     assert [e["event"] for e in logs].count("transport.rejected") == 1
-    client.close()
-    server.close()
 
 
 def test_frame_over_max_frame_bytes_is_dropped_before_delivery(
@@ -137,15 +144,11 @@ def test_frame_over_max_frame_bytes_is_dropped_before_delivery(
     server.close()
 
 
-def test_send_to_unknown_peer_is_dropped_and_counted(
-    ctx: Context, settings: TransportSettings, plain: SecuritySettings
-) -> None:
-    server = Server(ctx, LOCAL, settings, plain, "hub")
+def test_send_to_unknown_peer_is_dropped_and_counted(hub: Server) -> None:
     with capture_logs() as logs:
-        assert server.send(b"nobody", Shutdown(reason="x")) is False
-    assert server.dropped == {"unreachable": 1}
+        assert hub.send(b"nobody", Shutdown(reason="x")) is False
+    assert hub.dropped == {"unreachable": 1}
     assert any(e["event"] == "transport.dropped" for e in logs)
-    server.close()
 
 
 def test_malformed_reply_to_client_is_counted_and_returns_none(
