@@ -1,7 +1,7 @@
-"""The import graph stays a floor plan (STYLE.md): settings on the ground floor, no cycles,
-and an import inside a function only where it keeps a heavy dependency out of start-up.
-The graph is read from the source (tests/importgraph.py); the floors are in
-docs/architecture.md and held to it by test_architecture.py.
+"""The import graph stays a floor plan (docs/architecture.md, "The floor plan"): settings on
+the ground floor, no cycles, and an import inside a function only where it keeps a heavy
+dependency out of start-up. The graph is read from the source (tests/importgraph.py); the
+floors are in docs/architecture.md and held to it by test_architecture.py.
 """
 
 from __future__ import annotations
