@@ -14,24 +14,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from grpo_stream.agents.inbox import Sampling
 from grpo_stream.agents.player import AgentPlayer, AgentRun
-from grpo_stream.config.algo import AdvantageSettings
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import Episode
-from grpo_stream.envs.service import episode_rollout
-from grpo_stream.hub.batches import assemble, build_batch
-from grpo_stream.hub.episodes import scored_by_env
-from grpo_stream.protocols import messages as m
-from grpo_stream.training.batch import to_tensors
-from grpo_stream.training.packing import micro_batches, sequence_logprobs
 
+from ..envs.trained import check_trainer_logprobs, rollout_of
 from .conftest import HERE
 
 MODEL = "grpo-stream/tiny-tools"
 GROUP = 4
+MAX_TOKENS = 80
 
 
 @pytest.fixture(scope="module")
@@ -47,22 +41,11 @@ def played() -> Iterator[tuple[Any, list[Episode]]]:
     try:
         with AgentPlayer(settings, engine, engine.tokenizer, MODEL) as player:
             run = AgentRun(prompts=["37*48="], references=[{"answer": 1776}], group_size=GROUP,
-                           sampling=Sampling(1.0, 1.0, 80), seed=5)  # fmt: skip
+                           sampling=Sampling(1.0, 1.0, MAX_TOKENS), seed=5)  # fmt: skip
             (episodes,) = player.play_run(run)
         yield engine, episodes
     finally:
         mp.undo()
-
-
-def rollout_of(episodes: list[Episode]) -> m.Rollout:
-    head = m.Rollout(
-        lease_id=1, group_id=9, instance="g", policy_version=0,
-        prompt_ids=np.zeros(0, np.int32), completion_ids=np.zeros(0, np.int32),
-        completion_offsets=np.zeros(1, np.int64), logprobs=np.zeros(0, np.float32), texts=[],
-        truncated=[], gen_seconds=0.0,
-        sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=80),
-    )  # fmt: skip
-    return episode_rollout(head, episodes)
 
 
 def test_episodes_played_three_turns_with_a_tool_call(played) -> None:
@@ -79,23 +62,12 @@ def test_episodes_played_three_turns_with_a_tool_call(played) -> None:
 
 def test_trainer_logprobs_of_agent_episodes_equal_the_generators(played) -> None:
     engine, episodes = played
-    rollout = rollout_of(episodes)
+    rollout = rollout_of(episodes, MAX_TOKENS)
     rollout.episode_rewards[:] = np.arange(GROUP, dtype=np.float32)  # a group with signal
-    got = assemble(rollout, scored_by_env(rollout), AdvantageSettings(), None)
-    t = to_tensors(build_batch(0, [got.group]), pad_id=engine.tokenizer.pad_token_id)
-    for seq, ep in enumerate(episodes):  # the loss covers exactly the sampled tokens
-        p = len(ep.prompt_ids)
-        assert t.completion_mask[seq, p : p + len(ep.mask)].tolist() == [bool(x) for x in ep.mask]
-        assert not t.completion_mask[seq, :p].any()
-    (part,) = micro_batches(t, 8192, 64, True, "sdpa", engine.tokenizer.pad_token_id)
-    with torch.no_grad():
-        logp, _ = sequence_logprobs(engine.model, part, chunk=8, temperature=1.0)
-    mask = part.completion_mask
-    assert int(mask.sum()) == sum(sum(e.mask) for e in episodes) > 0
     # float32 round-off of the cached decode vs the packed forward: most tokens < 1e-6, the
     # worst 3.3e-5 on the tiny-tools of 940 SFT steps; a token scored off its context or
     # position would be off by orders more
-    assert float((logp - part.old_logp).abs()[mask].max()) < 1e-4
+    check_trainer_logprobs(engine, episodes, rollout, tolerance=1e-4)
 
 
 def test_each_reply_is_sampled_tokens_then_template_tokens_tokenized_alone(played) -> None:

@@ -4,14 +4,14 @@ ended, steps, counters, last metrics, checkpoints."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
 from grpo_stream.rundir.final import complete_steps
 from grpo_stream.rundir.outcome import write_outcome
+
+from ..rundir.holder import held_elsewhere
 
 
 def _finished_run(run_dir, steps: int = 3):
@@ -58,21 +58,10 @@ def test_a_failed_run_says_why(tmp_path):
 
 def test_a_live_run_is_asked_through_its_hub(tmp_path):
     _finished_run(tmp_path)
-    code = (
-        "import sys, time; from pathlib import Path; from grpo_stream.rundir.lock import "
-        "acquire; lock = acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(30)"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_elsewhere(tmp_path):
         result = CliRunner().invoke(app, ["status", str(tmp_path)])
-        assert result.exit_code == 2
-        assert "hub.addr does not exist" in result.output  # it went for the hub
-    finally:
-        holder.kill()
-        holder.wait()
+    assert result.exit_code == 2
+    assert "hub.addr does not exist" in result.output  # it went for the hub
 
 
 def test_complete_steps_agree_with_the_checkpoint_module(tmp_path):

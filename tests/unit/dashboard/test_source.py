@@ -4,8 +4,6 @@ directory (over: completed, dead), or not at all (unreachable)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from grpo_stream.dashboard.source import RunSource
 from grpo_stream.rundir.outcome import write_outcome
 from grpo_stream.transport.curve import init_keys
 
+from ..rundir.holder import held_elsewhere
 from .live_hub import LiveHub
 
 
@@ -120,19 +119,8 @@ def test_a_held_run_whose_hub_does_not_answer_is_unreachable(
 ) -> None:
     monkeypatch.setattr(source_module, "STATUS_TIMEOUT_S", 0.3)
     (tmp_path / "hub.addr").write_text("tcp://127.0.0.1:9\n")
-    code = (
-        "import sys, time; from pathlib import Path; from grpo_stream.rundir.lock import "
-        "acquire; lock = acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(30)"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_elsewhere(tmp_path):
         update = _poll(RunSource(tmp_path))
-    finally:
-        holder.kill()
-        holder.wait()
     assert update["run"]["phase"] == "unreachable"
     assert "no answer from the hub at tcp://127.0.0.1:9" in update["run"]["problems"][0]
 
