@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 SMALL = [
     "--set",
@@ -140,14 +141,39 @@ def killed_after_step_two(run: Run, instance: str) -> list[dict[str, Any]]:
     return [e for e in hub_events(run.run_dir, "peer.joined") if e["instance"] == instance]
 
 
-def hub_events(run_dir: Path, event: str) -> list[dict[str, Any]]:
+def service_events(run_dir: Path, service: str, event: str) -> list[dict[str, Any]]:
+    """The `event` lines of every instance of `service` in the run's logs."""
     out = []
-    for path in (run_dir / "logs").glob("grouper-*.jsonl"):
+    for path in (run_dir / "logs").glob(f"{service}-*.jsonl"):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             if row.get("event") == event:
                 out.append(row)
     return out
+
+
+def hub_events(run_dir: Path, event: str) -> list[dict[str, Any]]:
+    return service_events(run_dir, "grouper", event)
+
+
+def finished_up(run_dir: Path, steps: int, *extra: str, timeout: float) -> Path:
+    """`run_dir` after `up` ran `steps` steps with SMALL settings and `extra`, and succeeded."""
+    cmd = up_command(run_dir, steps, *extra, settings=SMALL)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def changed_parameters(checkpoint: Path, model: str) -> list[str]:
+    """The names of the parameters that differ between `checkpoint` and the shipped `model`."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_stream.models.loading import resolve_model
+
+    trained = AutoModelForCausalLM.from_pretrained(checkpoint)
+    initial = AutoModelForCausalLM.from_pretrained(resolve_model(model))
+    before = dict(initial.named_parameters())
+    return [n for n, p in trained.named_parameters() if not torch.equal(p, before[n])]
 
 
 def weights_address(run_dir: Path) -> str:

@@ -5,17 +5,14 @@ trainer processes; every episode group ends exactly once and training moves the 
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 from grpo_stream.training.metrics import read_metrics
 
-from .conftest import SMALL, hub_events, up_command
+from .conftest import assert_accounting, changed_parameters, finished_up, hub_events, service_events
 
 STEPS = 3
 GROUPS = 4  # hub.groups_per_step in SMALL
@@ -25,32 +22,19 @@ EPISODES = 4  # generator.group_size in SMALL
 @pytest.fixture(scope="module")
 def agent_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("agents") / "run"
-    cmd = up_command(run_dir, STEPS, "--task", "calc-tools", settings=SMALL)
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
-
-def events(run_dir: Path, service: str, name: str) -> list[dict[str, object]]:
-    out = []
-    for path in (run_dir / "logs").glob(f"{service}-*.jsonl"):
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            if row.get("event") == name:
-                out.append(row)
-    return out
+    return finished_up(run_dir, STEPS, "--task", "calc-tools", timeout=280)
 
 
 @pytest.mark.slow
 def test_the_openai_client_agent_calls_the_tool_through_the_endpoint(agent_run: Path) -> None:
-    assert events(agent_run, "generator", "agent.endpoint_started")
-    batches = events(agent_run, "generator", "agent.batch_played")
+    assert service_events(agent_run, "generator", "agent.endpoint_started")
+    batches = service_events(agent_run, "generator", "agent.batch_played")
     assert batches and sum(int(b["episodes"]) for b in batches) >= GROUPS * EPISODES * STEPS
     assert sum(int(b["tool_calls"]) for b in batches) > 0  # the model called calc
     # only the batch in flight when the run stops may fail (its agents cancelled)
     assert sum(int(b["episodes_failed"]) for b in batches[:-1]) == 0
     # ... and only as the stop ends it: cancelled, or its worker gone with the generator
-    failed = events(agent_run, "generator", "agent.episode_failed")
+    failed = service_events(agent_run, "generator", "agent.episode_failed")
     assert all(
         f["error"] == "the generator is stopping" or f["error"].startswith("agent worker died")
         for f in failed
@@ -60,9 +44,7 @@ def test_the_openai_client_agent_calls_the_tool_through_the_endpoint(agent_run: 
 
 @pytest.mark.slow
 def test_every_agent_group_ends_once_and_each_step_trains_whole_groups(agent_run: Path) -> None:
-    counters = json.loads((agent_run / "hub" / "counters.json").read_text())
-    done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed", "discarded"))
-    assert counters["dispatched"] == done + counters["in_progress"]
+    counters = assert_accounting(agent_run, STEPS, GROUPS)  # and no group trained twice
     assert counters["failed"] == 0 and counters["duplicates_dropped"] == 0
     rows = read_metrics(agent_run)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -81,11 +63,5 @@ def test_every_agent_group_ends_once_and_each_step_trains_whole_groups(agent_run
 
 @pytest.mark.slow
 def test_agent_training_changes_the_tiny_tools_parameters(agent_run: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from grpo_stream.models.loading import resolve_model
-
-    trained = AutoModelForCausalLM.from_pretrained(agent_run / "checkpoints" / f"step-{STEPS}")
-    initial = AutoModelForCausalLM.from_pretrained(resolve_model("grpo-stream/tiny-tools"))
-    before = dict(initial.named_parameters())
-    assert [n for n, p in trained.named_parameters() if not torch.equal(p, before[n])]
+    ckpt = agent_run / "checkpoints" / f"step-{STEPS}"
+    assert changed_parameters(ckpt, "grpo-stream/tiny-tools")

@@ -4,17 +4,14 @@ weights."""
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 from grpo_stream.training.metrics import read_metrics
 
-from .conftest import SMALL, up_command
+from .conftest import assert_accounting, changed_parameters, finished_up
 
 STEPS = 3
 GROUPS = 4  # hub.groups_per_step in SMALL
@@ -24,17 +21,12 @@ EPISODES = 4  # generator.group_size in SMALL
 @pytest.fixture(scope="module")
 def calc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("calc") / "run"
-    cmd = up_command(run_dir, STEPS, "--task", "calc", settings=SMALL)
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+    return finished_up(run_dir, STEPS, "--task", "calc", timeout=240)
 
 
 @pytest.mark.slow
 def test_every_episode_group_ends_once_and_each_step_trains_whole_groups(calc_run: Path) -> None:
-    counters = json.loads((calc_run / "hub" / "counters.json").read_text())
-    done = sum(counters[k] for k in ("trained", "filtered", "stale", "failed", "discarded"))
-    assert counters["dispatched"] == done + counters["in_progress"]
+    counters = assert_accounting(calc_run, STEPS, GROUPS)  # and no group trained twice
     assert counters["failed"] == 0 and counters["duplicates_dropped"] == 0
     rows = read_metrics(calc_run)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -47,12 +39,5 @@ def test_every_episode_group_ends_once_and_each_step_trains_whole_groups(calc_ru
 
 @pytest.mark.slow
 def test_calc_training_changes_the_tiny_calc_parameters(calc_run: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from grpo_stream.models.loading import resolve_model
-
     ckpt = calc_run / "checkpoints" / f"step-{STEPS}"
-    trained = AutoModelForCausalLM.from_pretrained(ckpt)
-    initial = AutoModelForCausalLM.from_pretrained(resolve_model("grpo-stream/tiny-calc"))
-    before = dict(initial.named_parameters())
-    assert [n for n, p in trained.named_parameters() if not torch.equal(p, before[n])]
+    assert changed_parameters(ckpt, "grpo-stream/tiny-calc")

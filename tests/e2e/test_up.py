@@ -7,12 +7,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 from grpo_stream.training.metrics import REQUIRED, read_metrics
 from grpo_stream.training.samples import read_samples
 
-from .conftest import SMALL, up_command
+from .conftest import SMALL, changed_parameters, up_command
 
 STEPS = 4
 
@@ -41,17 +40,9 @@ def test_metrics_have_every_field_for_every_step(finished_run: Path) -> None:
 
 
 def test_parameters_changed_and_checkpoint_loads_with_transformers(finished_run: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from grpo_stream.models.loading import resolve_model
-
     ckpt = finished_run / "checkpoints" / f"step-{STEPS}"
     assert (ckpt / "COMPLETE").exists()
-    trained = AutoModelForCausalLM.from_pretrained(ckpt)
-    initial = AutoModelForCausalLM.from_pretrained(resolve_model("grpo-stream/tiny-arith"))
-    before = dict(initial.named_parameters())
-    changed = [n for n, p in trained.named_parameters() if not torch.equal(p, before[n])]
-    assert changed
+    assert changed_parameters(ckpt, "grpo-stream/tiny-arith")
 
 
 def test_accounting_invariant_holds(finished_run: Path) -> None:
