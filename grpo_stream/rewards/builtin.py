@@ -11,6 +11,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from grpo_stream.rewards.mathfast import fast_verdict
 from grpo_stream.rewards.text import tagged
 
 
@@ -81,16 +82,29 @@ def length_penalty(
 def math_verify_reward(completion: str, *, prompt: str, reference: dict[str, Any]) -> float:
     """1.0 when math-verify finds the completion's answer equivalent to the reference.
 
+    A plain numeric answer is decided without the parser (`mathfast`, the same verdict); the
+    reference's parse is kept per answer text (`_gold`), as math-verify's results are pure.
     math-verify's own timeouts use signal.alarm, which only works in a main thread; they are
     disabled here and the scorer's worker process enforces the time limit instead.
     """
+    gold_text = _answer(reference)
+    fast = fast_verdict(completion, gold_text)
+    if fast is not None:
+        return fast
     from math_verify import parse, verify
 
-    gold_text = _answer(reference)
+    pred = parse(completion, parsing_timeout=0)
+    return float(bool(pred) and verify(list(_gold(gold_text)), pred, timeout_seconds=None))
+
+
+@lru_cache(maxsize=256)
+def _gold(gold_text: str) -> tuple[Any, ...]:
+    """math-verify's parse of a reference answer (raises when it has none)."""
+    from math_verify import parse
+
     gold = parse(gold_text, parsing_timeout=0)
     if not gold and "$" not in gold_text:
         gold = parse(f"${gold_text}$", parsing_timeout=0)
     if not gold:
         raise ValueError(f"math-verify cannot parse the reference answer {gold_text!r}")
-    pred = parse(completion, parsing_timeout=0)
-    return float(bool(pred) and verify(gold, pred, timeout_seconds=None))
+    return tuple(gold)
