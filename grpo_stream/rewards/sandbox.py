@@ -1,14 +1,23 @@
 """Reward sandbox: reward functions run in worker processes with a timeout and a memory limit.
 
-`RewardPool.score` runs every reward component on every completion of one prompt. Invariants:
+`RewardPool.submit` takes the completions of one prompt (a group) and `collect` returns the
+groups whose every reward component has run on every completion (`score`: both, for one
+group). Invariants:
 
 - Each (component, completion) call yields a finite float, or NaN and one error line. A reward
   that raises, sleeps or spins past `timeout_s`, exits, exhausts its memory, or returns a
   non-finite value or a non-number never takes the pool down: a worker in doubt is SIGKILLed,
   reaped and replaced, and the next call is served by a healthy worker.
-- A failed call makes only its own completion NaN; the others keep their rewards.
+- A failed call makes only its own completion NaN (and its copies': see the cache below);
+  the others keep their rewards.
 - reward = sum over components of weight * value: NaN when any component failed.
 - Nothing a worker sends is unpickled: replies are msgpack, checked field by field.
+- A failure raised by a reward is logged once per distinct error with its traceback, then
+  counted (`failures.FailureLog`); its error lines name the user's file and line.
+
+The verdict cache: a completion that repeats within a group runs once per component, its
+value given to every copy (`calls.GroupCalls`); nothing is kept across groups, so a cache
+never crosses references, requests or runs.
 
 Processes. Workers fork from multiprocessing's fork server: a clean single-threaded process,
 never the parent that holds threads and ZeroMQ contexts. They get the parent's `sys.path` at
@@ -19,13 +28,18 @@ fails with "memory limit" and the worker is replaced) or kills the worker. Worke
 PR_SET_PDEATHSIG), which exits when the parent dies: no orphan spins on. This isolates faults,
 not adversaries: workers run as the same user.
 
-Batching. A component's G completions are cut into contiguous chunks, enough to keep every
-worker busy; a chunk goes to one worker in one message, which answers once per completion, so
-the parent knows which call runs and times each call, not the chunk. When a call costs its
-worker, the rest of its chunk goes back to the queue. Worst case: G * timeout_s / workers.
-A reward with `score_batch` (a reward model) scores its whole chunk in one call, whose
-replies then come at once: for it `timeout_s` bounds the chunk.
-`score()` is not thread-safe: one caller at a time.
+Batching. A group's calls (every component on every distinct completion) go to one worker in
+one message, unless workers would idle: then they are cut into as many chunks as there are
+workers without work. The worker replies with the results so far at least every `FLUSH_S`
+(sandbox_worker), so a fast reward costs one message per group and a slow one a reply per
+call; the running call's deadline is the last reply + FLUSH_S + `timeout_s`. When a worker
+is lost (a timeout, a death, a malformed reply) with one call of its chunk unanswered, that
+call fails; with several, each is retried on its own (rewards are pure), so the one at fault
+fails alone and the others keep their values: a hang then costs about 2 x timeout_s. After a
+MemoryError the worker says which call hit it, and the calls it did not run go back to the
+queue. A reward with `score_batch` (a reward model) scores its run of a chunk in one call:
+for it `timeout_s` bounds that call.
+The pool is not thread-safe: one caller at a time.
 """
 
 from __future__ import annotations
@@ -36,18 +50,19 @@ import multiprocessing
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import msgpack
 import numpy as np
-import numpy.typing as npt
 import structlog
 
 from grpo_stream.config.tasks import RewardSpec
-from grpo_stream.ratelimit import RateLimit
+from grpo_stream.rewards.calls import Call, Chunk, GroupCalls, ScoreResult
+from grpo_stream.rewards.failures import FailureLog
+from grpo_stream.rewards.sandbox_worker import FLUSH_S
 from grpo_stream.rewards.sandbox_worker import pack as _pack
 from grpo_stream.rewards.sandbox_worker import unpack as _unpack
 from grpo_stream.rewards.sandbox_worker import worker_main as _worker_main
@@ -56,7 +71,8 @@ log = structlog.get_logger()
 
 STARTUP_TIMEOUT_S = 60.0
 """A worker that has not loaded its reward functions within this time is an error."""
-_MAX_REPLY_BYTES = 1 << 16  # a reply is a few numbers and a short message
+_MAX_REPLY_BYTES = 1 << 20  # a reply: at most FLUSH_ITEMS results, each with a short cause
+# and at most one traceback of failures.MAX_TRACE_CHARS
 _STOP_GRACE_S = 1.0
 _WORKER_KINDS = frozenset({"raised", "non_finite", "not_a_number", "unparseable"})
 """Failures a worker survives ("unparseable": a judge's output held no score)."""
@@ -68,23 +84,7 @@ class RewardPoolError(RuntimeError):
     """The pool cannot serve: reward functions do not load, or workers do not start."""
 
 
-@dataclass(frozen=True)
-class ScoreResult:
-    """Rewards of the G completions of one prompt."""
-
-    rewards: npt.NDArray[np.float32]  # (G,) weighted sum; NaN where any component failed
-    component_names: list[str]
-    components: npt.NDArray[np.float32]  # (C, G) NaN where that call failed
-    errors: list[str]  # one line per failed call: "name[index]: cause"
-
-
 # ---------------------------------------------------------------- parent side
-
-
-@dataclass
-class _Chunk:
-    component: int
-    indices: list[int]  # completion indices, in the order the worker runs them
 
 
 @dataclass
@@ -94,21 +94,10 @@ class _Worker:
     conn: Connection
     started_at: float
     ready: bool = False
-    chunk: _Chunk | None = None
-    position: int = 0  # position in chunk.indices of the call now running
+    chunk: Chunk | None = None
+    answered: int = 0  # calls of the chunk whose result came back
     deadline: float = math.inf  # when the running call times out
-
-
-@dataclass
-class _Run:
-    """State of one `score()` call."""
-
-    prompt: str
-    completions: list[str]
-    reference: bytes
-    components: npt.NDArray[np.float32]  # (C, G)
-    queue: deque[_Chunk]
-    errors: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0  # its CPU time since it loaded, as it last reported
 
 
 class RewardPool:
@@ -134,7 +123,14 @@ class RewardPool:
         self._calls = 0
         self._failures: Counter[str] = Counter()
         self._restarts = 0
-        self._warn = RateLimit()  # one failing reward must not flood the log
+        self._failure_log = FailureLog()  # one failing reward must not flood the log
+        self._groups: dict[int, GroupCalls] = {}  # submitted, not collected, by ticket
+        self._queue: deque[Chunk] = deque()
+        self._finished: list[int] = []  # tickets whose every call ended
+        self._tickets = 0
+        self._cpu_banked = 0.0  # CPU seconds of replaced workers
+        self.completions = 0
+        """Completions scored (every copy counts)."""
 
     # -- lifecycle
 
@@ -150,7 +146,7 @@ class RewardPool:
         try:
             self._workers = [self._spawn(slot) for slot in range(self._n_workers)]
             while not all(w.ready for w in self._workers):
-                self._wait_for_events(None)
+                self._wait_for_events(math.inf)
         except BaseException:
             self.close()
             raise
@@ -184,76 +180,91 @@ class RewardPool:
             "workers": self._n_workers,
         }
 
+    def cpu_s(self) -> float:
+        """CPU seconds the workers spent since they loaded their rewards (replaced ones too,
+        up to their last reply)."""
+        return self._cpu_banked + sum(w.cpu_s for w in self._workers)
+
     def worker_pids(self) -> list[int]:
         """Pids of the current workers (for health reports; end processes by pid, never name)."""
         return [w.proc.pid for w in self._workers if w.proc.pid is not None]
 
     # -- scoring
 
-    def score(self, prompt: str, completions: list[str], reference: dict[str, Any]) -> ScoreResult:
-        """Score every completion with every reward component."""
+    def submit(self, prompt: str, completions: list[str], reference: dict[str, Any]) -> int:
+        """Queue one group for scoring; its ticket comes back from `collect`."""
         if not self._workers:
             raise RewardPoolError("RewardPool is not started (call start() or use `with`)")
-        n_components, group = len(self._specs), len(completions)
-        run = _Run(
-            prompt=prompt,
-            completions=list(completions),
-            reference=_pack(reference),
-            components=np.full((n_components, group), np.nan, dtype=np.float32),
-            queue=deque(self._chunks(n_components, group)),
-        )
+        group = GroupCalls(prompt, list(completions), _pack(reference), len(self._specs))
+        ticket, self._tickets = self._tickets, self._tickets + 1
+        self._groups[ticket] = group
+        busy = len(self._queue) + sum(w.chunk is not None for w in self._workers)
+        self._queue.extend(group.chunks(ticket, max(1, self._n_workers - busy)))
+        self._check_done(ticket)
+        return ticket
+
+    def busy(self) -> bool:
+        """Groups were submitted and are not collected yet."""
+        return bool(self._groups)
+
+    def collect(self, timeout_s: float) -> list[tuple[int, ScoreResult]]:
+        """Run the queued calls, waiting up to `timeout_s` (inf: until something happens)
+        for results; the groups finished since the last collect, with their tickets."""
         try:
-            while run.queue or any(w.chunk is not None for w in self._workers):
-                self._dispatch(run)
-                self._wait_for_events(run)
+            self._dispatch()
+            running = any(w.chunk is not None for w in self._workers)
+            if not self._finished and (running or self._queue):
+                self._wait_for_events(timeout_s)
+                self._dispatch()
         except RewardPoolError:
             self.close()  # a replacement worker cannot load its rewards: the pool is broken
             raise
-        rewards = (self._weights[:, None] * run.components).sum(axis=0)  # (G,) NaN propagates
-        return ScoreResult(
-            rewards=rewards.astype(np.float32),
-            component_names=list(self._names),
-            components=run.components,
-            errors=run.errors,
-        )
+        done, self._finished = self._finished, []
+        return [(t, self._groups.pop(t).result(self._names, self._weights)) for t in done]
 
-    def _chunks(self, n_components: int, group: int) -> Iterator[_Chunk]:
-        pieces = max(1, min(group, -(-self._n_workers // n_components)))
-        for component in range(n_components):
-            for piece in np.array_split(np.arange(group), pieces):
-                if len(piece):
-                    yield _Chunk(component, [int(i) for i in piece])
+    def score(self, prompt: str, completions: list[str], reference: dict[str, Any]) -> ScoreResult:
+        """Score every completion of one group with every reward component (no other group
+        may be in flight)."""
+        if self._groups:
+            raise RewardPoolError("RewardPool.score while submitted groups are in flight")
+        ticket = self.submit(prompt, completions, reference)
+        while True:
+            for done, result in self.collect(math.inf):
+                if done == ticket:
+                    return result
 
-    def _dispatch(self, run: _Run) -> None:
+    def _dispatch(self) -> None:
         for w in self._workers:
-            if not (w.ready and w.chunk is None and run.queue):
+            if not (w.ready and w.chunk is None and self._queue):
                 continue
-            chunk = run.queue.popleft()
-            texts = [run.completions[i] for i in chunk.indices]
-            message = ["score", chunk.component, run.prompt, texts, run.reference]
+            chunk = self._queue.popleft()
+            group = self._groups[chunk.group]
+            calls = [[component, group.texts[u]] for component, u in chunk.calls]
+            message = ["score", group.prompt, group.reference, calls]
             try:
                 w.conn.send_bytes(_pack(message))
             except OSError:  # died while idle: nothing was running
-                run.queue.appendleft(chunk)
+                self._queue.appendleft(chunk)
                 self._replace(w, "died while idle")
                 continue
-            w.chunk, w.position = chunk, 0
-            w.deadline = time.monotonic() + self._timeout_s
+            w.chunk, w.answered = chunk, 0
+            w.deadline = time.monotonic() + FLUSH_S + self._timeout_s
 
     # -- events
 
-    def _wait_for_events(self, run: _Run | None) -> None:
-        """Wait for a reply, a death or a deadline, and handle what happened."""
+    def _wait_for_events(self, timeout_s: float) -> None:
+        """Wait for a reply, a death or a deadline (at most `timeout_s`), and handle what
+        happened."""
         now = time.monotonic()
         workers = list(self._workers)
         deadlines = [w.deadline if w.ready else w.started_at + STARTUP_TIMEOUT_S for w in workers]
-        timeout = max(0.0, min(deadlines, default=now) - now)
+        timeout = max(0.0, min([*deadlines, now + timeout_s]) - now)
         handles = [w.conn for w in workers] + [w.proc.sentinel for w in workers]
         wait(handles, None if math.isinf(timeout) else timeout)
         for w in workers:
-            self._handle_worker(w, run)
+            self._handle_worker(w)
 
-    def _handle_worker(self, w: _Worker, run: _Run | None) -> None:
+    def _handle_worker(self, w: _Worker) -> None:
         while True:
             try:
                 if not w.conn.poll():
@@ -263,52 +274,73 @@ class RewardPool:
                 w.proc.join(_STOP_GRACE_S)
                 break
             except (OSError, ValueError, msgpack.UnpackException):
-                self._fail_running(w, run, "protocol", "worker sent a malformed reply")
+                self._lost(w, "protocol", "worker sent a malformed reply")
                 return
-            if not self._handle_reply(w, reply, run):
+            if not self._handle_reply(w, reply):
                 return  # the worker was replaced
         if not w.proc.is_alive():
-            self._on_death(w, run)
+            self._on_death(w)
         elif not w.ready and time.monotonic() > w.started_at + STARTUP_TIMEOUT_S:
             raise RewardPoolError(
                 f"reward worker did not load its rewards within {STARTUP_TIMEOUT_S:.0f}s "
                 "(grpo_stream.rewards.sandbox.STARTUP_TIMEOUT_S)"
             )
         elif w.chunk is not None and time.monotonic() >= w.deadline:
-            self._fail_running(w, run, "timeout", f"timeout after {self._timeout_s}s")
+            self._lost(w, "timeout", f"timeout after {self._timeout_s}s")
 
-    def _handle_reply(self, w: _Worker, reply: Any, run: _Run | None) -> bool:
+    def _handle_reply(self, w: _Worker, reply: Any) -> bool:
         """Apply one reply; False when the worker had to be replaced."""
         if reply == ["ready"]:
             w.ready = True
             return True
         if isinstance(reply, list) and len(reply) == 2 and reply[0] == "load_error":
             raise RewardPoolError(f"reward functions failed to load in a worker: {reply[1]}")
-        ok = isinstance(reply, list) and len(reply) == 5 and reply[0] == "result"
-        if not (ok and run is not None and w.chunk is not None and reply[1] == w.position):
-            self._fail_running(w, run, "protocol", "worker sent an unexpected reply")
+        chunk = w.chunk
+        ok = isinstance(reply, list) and len(reply) == 4 and reply[0] == "results"
+        if not (ok and chunk is not None and reply[1] == w.answered):
+            self._lost(w, "protocol", "worker sent an unexpected reply")
             return False
-        assert run is not None and w.chunk is not None
-        _, _, value, kind, cause = reply
-        index = w.chunk.indices[w.position]
-        if kind == "memory":  # a worker that hit MemoryError may be in a bad state
-            self._fail_running(w, run, "memory", "memory limit")
+        _, _, items, cpu_s = reply
+        fits = isinstance(items, list) and len(items) <= len(chunk.calls) - w.answered
+        if not (fits and isinstance(cpu_s, float)):
+            self._lost(w, "protocol", "worker sent a malformed result")
             return False
-        if isinstance(value, float) and math.isfinite(value):
-            self._calls += 1
-            run.components[w.chunk.component, index] = value
-        elif kind in _WORKER_KINDS and isinstance(cause, str):
-            self._fail(run, w.chunk.component, index, kind, cause)
-        else:
-            self._fail_running(w, run, "protocol", "worker sent a malformed result")
-            return False
-        w.position += 1
-        w.deadline = time.monotonic() + self._timeout_s
-        if w.position == len(w.chunk.indices):
+        w.cpu_s = cpu_s
+        for item in items:
+            if not self._apply(w, chunk, item):
+                return False
+        w.deadline = time.monotonic() + FLUSH_S + self._timeout_s
+        if w.answered == len(chunk.calls):
             w.chunk, w.deadline = None, math.inf
         return True
 
-    def _on_death(self, w: _Worker, run: _Run | None) -> None:
+    def _apply(self, w: _Worker, chunk: Chunk, item: Any) -> bool:
+        """One call's result item; False when the worker had to be replaced."""
+        ok = isinstance(item, list) and len(item) == 5
+        value, kind, cause, key, trace = item if ok else (None, None, None, None, None)
+        call = chunk.calls[w.answered]
+        if isinstance(value, float) and math.isfinite(value):
+            self._calls += 1
+            self._groups[chunk.group].put(call, value)
+            self._check_done(chunk.group)
+        elif kind == "memory":  # a worker that hit MemoryError may be in a bad state
+            w.answered += 1
+            self._fail(chunk.group, call, "memory", "memory limit")
+            rest = chunk.calls[w.answered :]  # not run: back to the queue as they were
+            if rest:
+                self._queue.appendleft(Chunk(chunk.group, rest))
+            w.chunk = None
+            self._replace(w, "memory limit")
+            return False
+        elif kind in _WORKER_KINDS and all(isinstance(x, str) for x in (cause, key, trace)):
+            self._fail(chunk.group, call, str(kind), str(cause), str(key), str(trace))
+        else:
+            self._lost(w, "protocol", "worker sent a malformed result")
+            return False
+        w.answered += 1
+        return True
+
+    def _on_death(self, w: _Worker) -> None:
         code = w.proc.exitcode
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         if not w.ready:
@@ -316,26 +348,37 @@ class RewardPool:
         if w.chunk is None:
             self._replace(w, f"died while idle ({how})")
         else:
-            self._fail_running(w, run, "died", f"worker died ({how})")
+            self._lost(w, "died", f"worker died ({how})")
 
-    def _fail_running(self, w: _Worker, run: _Run | None, kind: str, cause: str) -> None:
-        """The running call fails; the worker is replaced; the rest of its chunk is requeued."""
-        chunk = w.chunk
-        if chunk is not None and run is not None:
-            self._fail(run, chunk.component, chunk.indices[w.position], kind, cause)
-            rest = chunk.indices[w.position + 1 :]
-            if rest:
-                run.queue.appendleft(_Chunk(chunk.component, rest))
+    def _lost(self, w: _Worker, kind: str, cause: str) -> None:
+        """The worker is lost while running its chunk and is replaced. One unanswered call:
+        it was running, it fails. Several: each is retried alone (see the module doc)."""
+        chunk, w.chunk = w.chunk, None
+        if chunk is not None:
+            rest = chunk.calls[w.answered :]
+            if len(rest) == 1 or chunk.alone:
+                self._fail(chunk.group, rest[0], kind, cause)
+            else:
+                alone = [Chunk(chunk.group, [call], alone=True) for call in rest]
+                self._queue.extendleft(reversed(alone))
         self._replace(w, cause)
 
-    def _fail(self, run: _Run, component: int, index: int, kind: str, cause: str) -> None:
+    def _fail(
+        self, ticket: int, call: Call, kind: str, cause: str, key: str = "", trace: str = ""
+    ) -> None:
         self._calls += 1
         self._failures[kind] += 1
-        name = self._names[component]
-        run.errors.append(f"{name}[{index}]: {cause}")
-        count = self._warn.allow(f"reward.failed:{name}")
-        if count is not None:
-            log.warning("reward.failed", component=name, index=index, cause=cause, count=count)
+        group = self._groups[ticket]
+        name = self._names[call[0]]
+        group.fail(call, name, cause)
+        self._failure_log.record(name, group.copies[call[1]][0], kind, cause, key, trace)
+        self._check_done(ticket)
+
+    def _check_done(self, ticket: int) -> None:
+        group = self._groups[ticket]
+        if group.open == 0:
+            self._finished.append(ticket)
+            self.completions += group.values.shape[1]
 
     # -- processes
 
@@ -352,6 +395,7 @@ class RewardPool:
 
     def _replace(self, w: _Worker, reason: str) -> None:
         old_pid = w.proc.pid
+        self._cpu_banked += w.cpu_s
         self._reap(w)
         fresh = self._spawn(w.slot)
         self._workers[self._workers.index(w)] = fresh

@@ -83,3 +83,26 @@ def returns_inf(completion: str, **_: Any) -> float:
 
 def returns_string(completion: str, **_: Any) -> Any:
     return "1.0" if completion == TRIGGER else float(len(completion))
+
+
+CALLS = 0
+
+
+def counts_calls(completion: str, **_: Any) -> float:
+    """How many calls this worker process has run, this one included."""
+    global CALLS
+    CALLS += 1
+    return float(CALLS)
+
+
+def reads_product(completion: str, *, reference: dict[str, Any], **_: Any) -> float:
+    """A reward written for another task: it reads a reference key the task lacks."""
+    return float(completion == reference["product"])
+
+
+def burns_cpu(completion: str, **_: Any) -> float:
+    """Spins on the CPU for 50 ms of this process's CPU time."""
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    return float(len(completion))

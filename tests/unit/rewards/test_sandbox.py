@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import signal
 import subprocess
@@ -15,7 +16,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from grpo_stream.config.tasks import RewardSpec
+from grpo_stream.rewards.calls import ScoreResult
 from grpo_stream.rewards.sandbox import RewardPool, RewardPoolError
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bad_rewards
 
 HERE = Path(__file__).parent
 COMPLETIONS = ["ok", "boom", "fine!"]  # bad_rewards misbehave on "boom" only
@@ -61,9 +66,24 @@ def alive(pid: int) -> bool:
         return False
 
 
+def where(function: str, statement: str) -> str:
+    """ "file:line in function" of the line of bad_rewards.`function` that holds `statement`."""
+    lines, first = inspect.getsourcelines(getattr(bad_rewards, function))
+    offset = next(i for i, line in enumerate(lines) if statement in line)
+    return f"{Path(bad_rewards.__file__).relative_to(Path.cwd())}:{first + offset} in {function}"
+
+
 HOSTILE = [
-    ("raises", "raised", "raised ValueError: no answer tag"),
-    ("raises_system_exit", "raised", "raised SystemExit: 2"),
+    (
+        "raises",
+        "raised",
+        f"raised ValueError: no answer tag ({where('raises', 'raise ValueError')})",
+    ),
+    (
+        "raises_system_exit",
+        "raised",
+        f"raised SystemExit: 2 ({where('raises_system_exit', 'sys.exit')})",
+    ),
     ("sleeps_forever", "timeout", f"timeout after {TIMEOUT_S}s"),
     ("spins_forever", "timeout", f"timeout after {TIMEOUT_S}s"),
     ("exits", "died", "worker died (exit code 3)"),
@@ -115,12 +135,65 @@ def test_reward_is_nan_where_any_component_failed(make_pool):
     assert result.rewards[1] == 2.0
 
 
-def test_several_workers_share_one_group(make_pool):
+def test_several_idle_workers_share_one_group(make_pool):
     pool = make_pool([spec("worker_pid")], workers=3)
-    result = pool.score("p", ["a"] * 6, {})
+    result = pool.score("p", ["a", "b", "c", "d", "e", "f"], {})
     used = {int(pid) for pid in result.components[0]}
     assert used == set(pool.worker_pids())
     assert len(used) == 3
+
+
+def test_each_group_is_one_worker_call_when_groups_keep_the_workers_busy(make_pool):
+    pool = make_pool([spec("worker_pid"), spec("length")], workers=2)
+    tickets = [pool.submit("p", ["a", "bb", "ccc"], {}) for _ in range(4)]
+    results = dict(collect_all(pool))
+    for ticket in tickets:
+        np.testing.assert_array_equal(results[ticket].components[1], [1.0, 2.0, 3.0])
+        assert len(set(results[ticket].components[0])) == 1  # one worker ran the group
+    assert {int(results[t].components[0, 0]) for t in tickets} == set(pool.worker_pids())
+
+
+def test_a_completion_repeated_in_its_group_is_scored_once(make_pool):
+    pool = make_pool([spec("counts_calls")])
+    result = pool.score("p", ["a", "a", "b", "a", "b"], {})
+    np.testing.assert_array_equal(result.components[0], [1.0, 1.0, 2.0, 1.0, 2.0])
+    assert pool.stats()["calls"] == 2
+
+
+def test_the_cache_does_not_cross_groups(make_pool):
+    pool = make_pool([spec("counts_calls")])
+    first = pool.score("p", ["a", "a"], {})
+    second = pool.score("p", ["a"], {})
+    np.testing.assert_array_equal(first.components[0], [1.0, 1.0])
+    np.testing.assert_array_equal(second.components[0], [2.0])
+
+
+def test_the_cache_does_not_cross_references(make_pool):
+    pool = make_pool([RewardSpec(name="exact_match")])
+    one = pool.submit("p", ["1", "2", "1"], {"answer": "1"})
+    two = pool.submit("p", ["1", "2", "1"], {"answer": "2"})
+    results = dict(collect_all(pool))
+    np.testing.assert_array_equal(results[one].rewards, [1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(results[two].rewards, [0.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize(("name", "kind", "cause"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_a_hostile_call_fails_every_copy_of_its_completion_only(
+    make_pool, name: str, kind: str, cause: str
+):
+    pool = make_pool([spec(name)], timeout_s=TIMEOUT_S if kind == "timeout" else 30.0)
+    result = pool.score("p", ["ok", "boom", "fine!", "ok", "boom"], {})
+    np.testing.assert_array_equal(result.components[0, [0, 2, 3]], [2.0, 5.0, 2.0])
+    assert np.isnan(result.components[0, [1, 4]]).all()
+    assert result.errors == [f"bad_rewards:{name}[1]: {cause}", f"bad_rewards:{name}[4]: {cause}"]
+    assert pool.stats()["failures"] == {kind: 1}
+
+
+def collect_all(pool: RewardPool) -> list[tuple[int, ScoreResult]]:
+    done: list[tuple[int, ScoreResult]] = []
+    while pool.busy():
+        done += pool.collect(math.inf)
+    return done
 
 
 def test_empty_group_gives_empty_arrays(make_pool):
@@ -146,21 +219,55 @@ def test_failures_and_restarts_are_logged(make_pool):
         pool.score("p", ["x", "boom"], {})
     failed = [e for e in logs if e["event"] == "reward.failed"]
     restarted = [e for e in logs if e["event"] == "reward.worker_restarted"]
-    assert [(e["component"], e["index"], e["cause"]) for e in failed] == [
+    assert [(e["reward"], e["index"], e["cause"]) for e in failed] == [
         ("bad_rewards:exits", 1, "worker died (exit code 3)")
     ]
-    assert len(restarted) == 1
+    assert len(restarted) == pool.stats()["restarts"] >= 1
 
 
 def test_stats_count_calls_failures_and_restarts(make_pool):
     pool = make_pool([spec("raises"), spec("exits")])
     pool.score("p", ["boom", "a"], {})
+    # the worker died with calls of its chunk unanswered: they ran again one by one, and
+    # "exits" took that worker too
     assert pool.stats() == {
         "calls": 4,
         "failures": {"raised": 1, "died": 1},
-        "restarts": 1,
+        "restarts": 2,
         "workers": 1,
     }
+
+
+def test_a_raised_error_is_logged_once_with_its_traceback(make_pool):
+    pool = make_pool([spec("reads_product")], workers=2)
+    with capture_logs() as logs:
+        for _ in range(3):
+            result = pool.score("p", ["a", "b", "c", "d"], {"answer": "1"})
+    (error,) = [e for e in logs if e["event"] == "reward.error"]
+    at = where("reads_product", 'reference["product"]')
+    assert error["reward"] == "bad_rewards:reads_product"
+    assert error["error"] == f"raised KeyError: 'product' ({at})"
+    path, line = at.split(" in ")[0].split(":")
+    assert f'File "{Path(path).resolve()}", line {line}, in reads_product' in error["traceback"]
+    assert error["traceback"].rstrip().endswith("KeyError: 'product'")
+    assert result.errors[0] == f"bad_rewards:reads_product[0]: raised KeyError: 'product' ({at})"
+
+
+def test_distinct_errors_are_each_logged_with_their_traceback(make_pool):
+    pool = make_pool([spec("reads_product"), spec("raises")])
+    with capture_logs() as logs:
+        pool.score("p", ["boom", "a", "boom"], {})
+    errors = [e for e in logs if e["event"] == "reward.error"]
+    rewards = sorted(e["reward"] for e in errors)
+    assert rewards == ["bad_rewards:raises", "bad_rewards:reads_product"]
+
+
+def test_the_workers_cpu_time_is_counted(make_pool):
+    pool = make_pool([spec("burns_cpu")])
+    assert pool.cpu_s() < 0.05
+    pool.score("p", ["a", "b", "c", "d"], {})
+    assert pool.cpu_s() >= 4 * 0.05
+    assert pool.completions == 4
 
 
 def test_close_leaves_no_worker_processes(make_pool):
