@@ -30,7 +30,7 @@ from grpo_stream.protocols.schema import FieldSpec, Message, Struct, schema
 if TYPE_CHECKING:
     import zmq
 
-PROTO_VERSION = 6
+PROTO_VERSION = 7
 """The protocol's major version; a peer with another one is refused."""
 
 _MAX_NDIM = 32

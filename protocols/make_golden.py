@@ -78,6 +78,7 @@ def step_stats_example() -> m.StepStats:
         step_groups=2,
         groups_refilled=1,
         signal_rate=0.75,
+        scorer_cpu_s_per_completion=0.00125,
         distill_kl=0.125,
     )
 

@@ -37,6 +37,7 @@ from grpo_stream.protocols.structs import BatchTotals as BatchTotals
 from grpo_stream.protocols.structs import Endpoints as Endpoints
 from grpo_stream.protocols.structs import GeneratorStats as GeneratorStats
 from grpo_stream.protocols.structs import SamplingParams as SamplingParams
+from grpo_stream.protocols.structs import ScorerStats as ScorerStats
 from grpo_stream.protocols.structs import StepStats as StepStats
 
 
@@ -85,7 +86,8 @@ class Welcome(Message):
 
 @dataclass(eq=False)
 class Heartbeat(Message):
-    """A service is alive; with its round trip to the hub and, from a generator, its stats."""
+    """A service is alive; with its round trip to the hub and, from a generator or a scorer,
+    its counters."""
 
     KIND: ClassVar[str] = "heartbeat"
     instance: str
@@ -94,6 +96,8 @@ class Heartbeat(Message):
     """Its last Hello -> Welcome round trip (the latency term of the device score)."""
     generator: GeneratorStats | None = None
     """A generator's counters (None from other services)."""
+    scorer: ScorerStats | None = None
+    """A scorer's counters (None from other services)."""
 
 
 @dataclass(eq=False)

@@ -64,6 +64,8 @@ class StepStats(Struct):
     groups_refilled: int  # zero-signal groups replaced by new prompts (hub.max_refill_ratio)
     signal_rate: float  # share of recently scored groups with signal (the gate plans with it)
     distill_kl: float  # mean per-token reverse KL to the teacher since the last step; NaN: none
+    scorer_cpu_s_per_completion: float  # the scorers' CPU seconds per completion scored (their
+    # processes and reward workers, since each started); NaN: no scorer reported yet
 
 
 @dataclass
@@ -79,6 +81,17 @@ class GeneratorStats(Struct):
 
 
 @dataclass
+class ScorerStats(Struct):
+    """A scorer's counters in its heartbeat (cumulative since its reward workers loaded)."""
+
+    cpu_s: float  # CPU seconds of the scorer's process and its reward workers
+    completions: int  # completions scored
+    groups: int  # groups scored
+    calls: int  # reward calls run (a completion repeated within its group runs once)
+    workers: int  # reward worker processes
+
+
+@dataclass
 class Endpoints(Struct):
     """Where the rank-0 trainer serves its weights: announced in its Hello, handed by the hub
     to every peer in Welcome (only a trainer that passed the Hello checks can set them)."""
@@ -90,6 +103,6 @@ class Endpoints(Struct):
 STRUCTS.update(
     {
         cls.__name__: cls
-        for cls in (SamplingParams, BatchTotals, StepStats, GeneratorStats, Endpoints)
+        for cls in (SamplingParams, BatchTotals, StepStats, GeneratorStats, ScorerStats, Endpoints)
     }
 )

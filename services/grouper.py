@@ -354,6 +354,7 @@ class Grouper:
             len(self.buffer),
             self.registry.lost_total,
             step_kl(groups),
+            self.registry.of("scorer"),
         )
         self.intake.window_rewards = []
         return stats

@@ -1,8 +1,15 @@
 """The scorer service: pull score requests with credits, run the task's weighted reward
 functions in worker processes, send Scored.
 
+Groups are scored as they arrive, several at once (the pool sends each group to one worker
+while groups keep the workers busy) and each Scored goes out as soon as its group is done.
+The heartbeat's ScorerStats carry what scoring cost (CPU seconds of the scorer and its
+workers, completions scored): the hub turns them into metrics.jsonl's
+`scorer_cpu_s_per_completion`.
+
 Invariants: a reward call that raises, hangs, exceeds its memory limit or kills its worker
-yields NaN for that completion plus an error event; the scorer keeps serving. Under
+yields NaN for that completion plus an error event (once per distinct error, with its
+traceback: `rewards.failures`); the scorer keeps serving. Under
 hub.payloads = "direct" the scorer fetches the completions from their generator and checks
 them as the hub checks Rollouts it carries (`hub.content`: ids in the vocabulary, the leased
 prompt's ids, texts that are the ids' decoding) before scoring: what it scores is what the
@@ -12,6 +19,8 @@ event) and the hub generates the group again.
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Protocol
 
 import numpy as np
@@ -22,13 +31,21 @@ from grpo_stream.hub.payloads.refs import score_request_of
 from grpo_stream.hub.payloads.store import PayloadFetcher, PayloadRef
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.payloads import PayloadLost, ScoreRef
-from grpo_stream.ratelimit import RateLimit
 from grpo_stream.rewards import reward_specs
+from grpo_stream.rewards.calls import ScoreResult
 from grpo_stream.rewards.sandbox import RewardPool
+from grpo_stream.rewards.sizing import resolve_workers
 from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.tasks import make_task
+from grpo_stream.threads import local_cores
 
 log = structlog.get_logger()
+
+IDLE_MS = 50
+"""How long the scorer waits for a message when it scores nothing (its stop flag's latency)."""
+BUSY_WAIT_S = 0.01
+"""How long it waits for its reward workers at a time while it scores (a new message's
+latency then)."""
 
 
 class Link(Protocol):
@@ -42,12 +59,11 @@ def serve_scorer(link: Session) -> int:
     cfg = link.cfg
     task = make_task(cfg.task)
     specs = reward_specs(cfg.task, task)
-    scored = 0
-    warn = RateLimit()
-    with RewardPool(
-        specs, cfg.scorer.workers, cfg.scorer.timeout_s, cfg.scorer.memory_limit_mb
-    ) as pool:
-        log.info("scorer.ready", rewards=[s.name for s in specs], workers=cfg.scorer.workers)
+    workers = resolve_workers(
+        cfg.scorer.workers, cfg.scorer.groups_per_request, os.environ, len(local_cores())
+    )
+    with RewardPool(specs, workers, cfg.scorer.timeout_s, cfg.scorer.memory_limit_mb) as pool:
+        log.info("scorer.ready", rewards=[s.name for s in specs], workers=workers)
         link.pull(cfg.scorer.groups_per_request)
         fetcher = None  # hub.payloads = "direct": the completions are fetched from generators
         content = None  # ... and checked here, as the hub checks those it carries
@@ -55,38 +71,65 @@ def serve_scorer(link: Session) -> int:
             timeout_s = cfg.transport.io_timeout_ms / 1000
             fetcher = PayloadFetcher(link.ctx, cfg.transport, link.security, "scorer", timeout_s)
             content = ContentCheck.load(cfg, task) if cfg.security.check_content else None
+        usage = Usage(pool, workers)
+        scored = 0
+        leases: dict[int, m.ScoreRequest] = {}  # by the pool's ticket
         while not link.stop.set:
-            msg = link.recv(timeout_ms=50)
+            msg = link.recv(timeout_ms=0 if pool.busy() else IDLE_MS)
             if isinstance(msg, ScoreRef) and fetcher is not None:
                 msg = _fetched(fetcher, msg, cfg.generator.group_size, link, content)
-            if not isinstance(msg, m.ScoreRequest):
+            if isinstance(msg, m.ScoreRequest):
+                ticket = pool.submit(msg.prompt, list(msg.completions), dict(msg.reference))
+                leases[ticket] = msg
+            if not pool.busy():
                 continue
-            result = pool.score(msg.prompt, list(msg.completions), dict(msg.reference))
-            for err in result.errors:
-                count = warn.allow("reward.failed")
-                if count is not None:
-                    log.warning("reward.failed", group_id=msg.group_id, error=err, count=count)
-            link.send(
-                m.Scored(
-                    lease_id=msg.lease_id,
-                    group_id=msg.group_id,
-                    rewards=np.asarray(result.rewards, dtype=np.float32),
-                    component_names=list(result.component_names),
-                    components=np.asarray(result.components, dtype=np.float32),
-                    errors=list(result.errors),
-                )
-            )
-            scored += 1
-            stats = pool.stats()
-            link.stats.update(
-                groups_scored=scored,
-                **{k: v for k, v in stats.items() if isinstance(v, (int, float))},
-                **{f"failed_{k}": v for k, v in stats["failures"].items()},
-            )
-            link.replenish(1)
+            for ticket, result in pool.collect(0.0 if msg is not None else BUSY_WAIT_S):
+                link.send(_scored(leases.pop(ticket), result))
+                link.replenish(1)
+                scored += 1
+            link.scorer_stats = usage.stats(scored)
+            link.stats.update(groups_scored=scored, **_display(pool))
     if fetcher is not None:
         fetcher.close()
     return 0
+
+
+class Usage:
+    """What scoring has cost: the scorer's CPU time (its process and its reward workers since
+    they loaded), per completion in the heartbeat's ScorerStats."""
+
+    def __init__(self, pool: RewardPool, workers: int) -> None:
+        self.pool = pool
+        self.workers = workers
+        self._cpu_at_start = time.process_time()
+
+    def stats(self, groups: int) -> m.ScorerStats:
+        own = time.process_time() - self._cpu_at_start
+        return m.ScorerStats(
+            cpu_s=own + self.pool.cpu_s(),
+            completions=self.pool.completions,
+            groups=groups,
+            calls=int(self.pool.stats()["calls"]),
+            workers=self.workers,
+        )
+
+
+def _scored(request: m.ScoreRequest, result: ScoreResult) -> m.Scored:
+    return m.Scored(
+        lease_id=request.lease_id,
+        group_id=request.group_id,
+        rewards=np.asarray(result.rewards, dtype=np.float32),
+        component_names=list(result.component_names),
+        components=np.asarray(result.components, dtype=np.float32),
+        errors=list(result.errors),
+    )
+
+
+def _display(pool: RewardPool) -> dict[str, int | float]:
+    """The pool's counters for `grpo-stream status` (display only)."""
+    stats = pool.stats()
+    shown = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+    return {**shown, **{f"failed_{k}": v for k, v in stats["failures"].items()}}
 
 
 def _fetched(

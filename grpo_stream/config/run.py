@@ -36,6 +36,13 @@ DEFAULT_MODEL = "grpo-stream/tiny-arith"
 """Name of the tiny model that ships inside the package (resolved by grpo_stream.models)."""
 
 
+def _whole_or_auto(value: object) -> object:
+    """A setting that is a whole number >= 1 or "auto" (the value, unchanged)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f'must be a whole number >= 1 or "auto", got {value!r}')
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message is one line naming the field."""
 
@@ -85,11 +92,7 @@ class RunSettings(BaseModel):
     @field_validator("torch_threads", mode="before")
     @classmethod
     def _threads(cls, value: object) -> object:
-        if value == "auto" or (
-            isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        ):
-            return value
-        raise ValueError(f'must be a whole number >= 1 or "auto", got {value!r}')
+        return _whole_or_auto(value)
 
 
 class ModelSettings(BaseModel):
@@ -178,8 +181,11 @@ class ScorerSettings(BaseModel):
 
     count: int = Field(1, ge=0)
     """Scorer processes that `up` starts locally."""
-    workers: int = Field(1, ge=1)
-    """Worker processes per scorer that run reward functions."""
+    workers: int | Literal["auto"] = "auto"
+    """Worker processes per scorer that run reward functions: a number, or "auto": the
+    cores the trainer's and generators' torch threads leave on the scorer's machine, shared
+    among its scorers (`up` plans it; a scorer started by hand takes its cores), at least 1
+    and at most groups_per_request (grpo_stream.rewards.sizing)."""
     timeout_s: float = Field(5.0, gt=0)
     """A reward call slower than this is killed and scores NaN."""
     memory_limit_mb: int = Field(1024, ge=16)
@@ -187,6 +193,11 @@ class ScorerSettings(BaseModel):
     the call fails (NaN) and the worker is replaced."""
     groups_per_request: int = Field(8, ge=1)
     """Groups a scorer asks for at once."""
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        return _whole_or_auto(value)
 
 
 class ReplaySettings(BaseModel):

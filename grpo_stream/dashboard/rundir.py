@@ -50,6 +50,7 @@ CHART_KEYS = (
     "groups_stale",
     "lr",
     "gen_tokens_per_s",
+    "scorer_cpu_s_per_completion",
 )
 """Metrics columns the page uses (a row keeps those it has)."""
 MAX_COMPLETIONS = 50

@@ -9,7 +9,8 @@ Completions whose reward failed (NaN) or that are empty carry no signal and are 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -203,9 +204,11 @@ def step_stats(
     buffer_size: int,
     peers_lost: int,
     distill_kl: float = float("nan"),
+    scorers: Sequence[Peer] = (),
 ) -> StepStats:
     """A step's statistics as the hub knows them when it serves the step (`distill_kl`: the
-    mean reverse KL from the teacher of the step's taught groups, NaN without a teacher)."""
+    mean reverse KL from the teacher of the step's taught groups, NaN without a teacher;
+    `scorers`: the scorers whose heartbeats give the CPU cost of a completion)."""
     mean, std, pass_rate = reward_stats(groups, filtered_rewards)
     c = ledger.counters
     reporting = [p for p in generators if p.generator is not None and p.generator.batches]
@@ -234,7 +237,15 @@ def step_stats(
         groups_refilled=c["refilled"],
         signal_rate=ledger.refill.signal_rate(),
         distill_kl=distill_kl,
+        scorer_cpu_s_per_completion=scorer_cpu_per_completion(scorers),
     )
+
+
+def scorer_cpu_per_completion(scorers: Sequence[Peer]) -> float:
+    """CPU seconds per completion over the scorers' last heartbeats (NaN before any scored)."""
+    reports = [p.scorer for p in scorers if p.scorer is not None]
+    completions = sum(r.completions for r in reports)
+    return math.fsum(r.cpu_s for r in reports) / completions if completions else float("nan")
 
 
 def offline_stats(groups: list[Group]) -> StepStats:
@@ -264,6 +275,7 @@ def offline_stats(groups: list[Group]) -> StepStats:
         groups_refilled=0,
         signal_rate=1.0,
         distill_kl=float("nan"),
+        scorer_cpu_s_per_completion=float("nan"),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from grpo_stream.protocols.messages import GeneratorStats, Heartbeat
+from grpo_stream.protocols.messages import GeneratorStats, Heartbeat, ScorerStats
 from grpo_stream.transport.heartbeat import Heartbeats
 from grpo_stream.transport.seal import Opener
 
@@ -24,6 +24,7 @@ class Peer:
     credits: int = 0
     stats: dict[str, Any] = field(default_factory=dict)  # display only (Heartbeat.stats)
     generator: GeneratorStats | None = None  # a generator's last reported counters
+    scorer: ScorerStats | None = None  # a scorer's last reported counters
     hub_rtt_s: float | None = None
     joined: int = 1  # times this instance registered (restarts)
     opener: Opener | None = field(default=None, repr=False)
@@ -44,6 +45,7 @@ class Peer:
             "devices": _device_ids(self.fingerprint),
             **{k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
             **({} if self.generator is None else asdict(self.generator)),
+            **({} if self.scorer is None else asdict(self.scorer)),
             **({} if self.hub_rtt_s is None else {"hub_rtt_s": self.hub_rtt_s}),
         }
 
@@ -102,6 +104,7 @@ class Registry:
         if heartbeat is not None:
             peer.stats.update(heartbeat.stats)
             peer.generator = heartbeat.generator or peer.generator
+            peer.scorer = heartbeat.scorer or peer.scorer
             peer.hub_rtt_s = (
                 heartbeat.hub_rtt_s if heartbeat.hub_rtt_s is not None else peer.hub_rtt_s
             )

@@ -21,7 +21,7 @@ from grpo_stream.config.cluster import ClusterFile, ClusterHost
 from grpo_stream.launch.cluster import config_overrides, place
 from grpo_stream.launch.placement import DEVICE_ORDER, Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
-from grpo_stream.launch.threads import run_shares, size_specs
+from grpo_stream.launch.threads import run_shares, size_scorers, size_specs
 from grpo_stream.launch.up import hub_service, security_args, service_argv, teacher_count
 
 TORCHRUN = ["-m", "torch.distributed.run"]
@@ -149,6 +149,7 @@ def placed_services(
     if cfg.run.torch_threads == "auto":
         shares = run_shares(Path(cfg.run.run_dir), cfg.generator.count)
         size_specs(cfg.run.torch_threads, on_this_machine, shares=shares)
+    size_scorers(cfg.scorer.workers, cfg.run.torch_threads, on_this_machine)
     return out
 
 

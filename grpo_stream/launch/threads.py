@@ -13,8 +13,11 @@ and unpinned the kernel moves it to whichever core the other services (and the h
 scorers) leave idle; pinned one core each, bench.vs_trl ran 0.78x as fast on 2 cores.
 
 Hub and scorers run no torch ops: they are neither sized nor pinned, and take CPU where the
-kernel finds it. A service that `up` did not size (started by hand with `grpo-stream run`,
-or on another host of a cluster) runs with `auto` as many threads as it has cores.
+kernel finds it. With `scorer.workers = "auto"` each scorer on the machine gets an equal
+share of the cores the torch services' threads leave, as reward workers (`size_scorers`;
+grpo_stream.rewards.sizing). A service that `up` did not size (started by hand with
+`grpo-stream run`, or on another host of a cluster) runs with `auto` as many threads as it
+has cores.
 
 The plan travels to each service as environment (`ThreadPlan.env`): OMP_NUM_THREADS and
 MKL_NUM_THREADS (read by the OpenMP and MKL runtimes when they start), and
@@ -32,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_stream.launch.supervisor import ServiceSpec
-from grpo_stream.threads import ThreadPlan, TorchThreads, fixed_plan, local_cores
+from grpo_stream.rewards.sizing import ENV_WORKERS, ScorerWorkers, spare_share
+from grpo_stream.threads import ENV_THREADS, ThreadPlan, TorchThreads, fixed_plan, local_cores
 from grpo_stream.training.metrics import read_metrics
 
 TORCH_SERVICES = ("trainer", "generator", "evaluator", "teacher")
@@ -150,3 +154,34 @@ def size_specs(
         sized = [p for p in group if p is not None]
         if sized:
             spec.env = {**spec.env, **node_plan(sized).env()}
+
+
+def size_scorers(
+    setting: ScorerWorkers,
+    torch_threads: TorchThreads,
+    specs: Sequence[tuple[ServiceSpec, int]],
+    cores: Sequence[int] | None = None,
+) -> None:
+    """With scorer.workers = auto, give each scorer of `specs` (the services this machine
+    starts, with their process counts) its share of the cores the torch services' threads
+    leave, in its environment (after `size_specs`, whose plans it counts)."""
+    scorers = [spec for spec, _ in specs if spec.service == "scorer"]
+    if setting != "auto" or not scorers:
+        return
+    n_cores = len(cores or local_cores())
+    busy = sum(
+        n * _threads(spec, torch_threads, n_cores)
+        for spec, n in specs
+        if spec.service in TORCH_SERVICES
+    )
+    share = str(spare_share(n_cores, busy, len(scorers)))
+    for spec in scorers:
+        spec.env = {**spec.env, ENV_WORKERS: share}
+
+
+def _threads(spec: ServiceSpec, setting: TorchThreads, cores: int) -> int:
+    """The torch threads a service will run: its plan's, else the setting's (auto: every
+    core, as a service `up` did not size)."""
+    if ENV_THREADS in spec.env:
+        return int(spec.env[ENV_THREADS])
+    return cores if setting == "auto" else setting

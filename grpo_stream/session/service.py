@@ -118,6 +118,7 @@ class Session:
         self.stats: dict[str, Any] = {}  # display-only counters in each heartbeat
         self.hub_rtt_s: float | None = None  # the last Hello -> Welcome round trip
         self.generator_stats: m.GeneratorStats | None = None  # set by a generator
+        self.scorer_stats: m.ScorerStats | None = None  # set by a scorer
         self.farewell: str | None = None  # the Shutdown reason, when the service sets one
         # Welcomes that answered our Hello: a new one means the hub (re)registered us and forgot
         # what we asked for (see `_rejoined`). The hub also sends Welcome unasked when peers
@@ -315,6 +316,7 @@ class Session:
             stats=dict(self.stats),
             hub_rtt_s=self.hub_rtt_s,
             generator=self.generator_stats,
+            scorer=self.scorer_stats,
         )
 
     def _beat_loop(self) -> None:

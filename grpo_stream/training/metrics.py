@@ -53,6 +53,7 @@ def hub_columns(stats: StepStats) -> dict[str, Any]:
         "groups_refilled": stats.groups_refilled,
         "signal_rate": stats.signal_rate,
         "distill_kl": stats.distill_kl,
+        "scorer_cpu_s_per_completion": stats.scorer_cpu_s_per_completion,
     }
 
 

@@ -223,6 +223,11 @@ function line(key, name, extra = {}) {
   return { ...series(key), name: name || key, type: "scatter", mode: "lines", ...extra };
 }
 
+function scaled(key, factor, name) {
+  const s = series(key);
+  return { x: s.x, y: s.y.map((v) => v * factor), name, type: "scatter", mode: "lines" };
+}
+
 function stepsPerSecond() {
   const rows = state.metrics.filter((r) => num(r.wall_time) !== null);
   const x = [], y = [];
@@ -302,6 +307,8 @@ function renderCharts() {
     line("tokens_per_s", "completion tokens/s"),
     { ...stepsPerSecond(), name: "trainer steps/s", type: "scatter", mode: "lines",
       yaxis: "y2" }], { yaxis2: { overlaying: "y", side: "right", showgrid: false } });
+  chart("chart-reward-cost", "reward cost: scorer CPU ms per completion", [
+    scaled("scorer_cpu_s_per_completion", 1000, "scorer CPU ms / completion")]);
   const stale = stalenessBars();
   chart("chart-staleness", stale.title, [stale.trace],
     { xaxis: { title: { text: "versions behind", standoff: 4 }, dtick: 1 } });

@@ -10,7 +10,7 @@ from grpo_stream.hub.batches import reward_stats, step_stats
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group
-from grpo_stream.protocols.messages import GeneratorStats, SamplingParams
+from grpo_stream.protocols.messages import GeneratorStats, SamplingParams, ScorerStats
 
 
 def _group(rewards: list[float]) -> Group:
@@ -66,3 +66,28 @@ def test_step_stats_carry_the_ledger_counters_and_each_generators_rate() -> None
     assert (stats.buffer_size, stats.peers_lost) == (7, 2)
     assert stats.gen_instances == ["generator-0", "generator-1"]
     assert stats.gen_tokens_per_s == [10.0, 30.0] and stats.gen_wait_s == 2.0
+
+
+def _scorer(instance: str, stats: ScorerStats | None) -> Peer:
+    peer = Peer("scorer", instance, instance.encode(), "h", 1, 0, {})
+    peer.scorer = stats
+    return peer
+
+
+def test_step_stats_give_the_scorers_cpu_seconds_per_completion() -> None:
+    ledger = Ledger(groups_per_step=2, max_staleness=1, lease_timeout_s=10.0)
+    scorers = [
+        _scorer("scorer-0", ScorerStats(3.0, completions=100, groups=13, calls=60, workers=2)),
+        _scorer("scorer-1", ScorerStats(1.0, completions=300, groups=38, calls=90, workers=1)),
+        _scorer("scorer-2", None),  # no heartbeat stats yet
+    ]
+    stats = step_stats([_group([1.0])], [], ledger, [], 0, 0, scorers=scorers)
+    assert stats.scorer_cpu_s_per_completion == 4.0 / 400
+
+
+def test_the_scorers_cpu_is_nan_before_any_completion_is_scored() -> None:
+    ledger = Ledger(groups_per_step=2, max_staleness=1, lease_timeout_s=10.0)
+    idle = _scorer("scorer-0", ScorerStats(cpu_s=0.5, completions=0, groups=0, calls=0, workers=1))
+    assert math.isnan(step_stats([], [], ledger, [], 0, 0).scorer_cpu_s_per_completion)
+    stats = step_stats([], [], ledger, [], 0, 0, scorers=[idle])
+    assert math.isnan(stats.scorer_cpu_s_per_completion)

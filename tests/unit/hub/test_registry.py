@@ -6,7 +6,7 @@ from grpo_stream.hardware.fingerprint import fingerprint_host
 from grpo_stream.hardware.recorded import RecordedNvml, load_record
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.launch.devices import assigned
-from grpo_stream.protocols.messages import GeneratorStats, Heartbeat
+from grpo_stream.protocols.messages import GeneratorStats, Heartbeat, ScorerStats
 
 
 def _host(*names: str):
@@ -80,3 +80,13 @@ def test_an_identity_taken_over_by_another_instance_stays_with_it() -> None:
     registry.register(Peer("generator", "generator-1", b"id", "h", 2, 0, {}), now=1.0)
     registry.remove("generator-0")  # the older peer leaving does not forget the newer one
     assert registry.by_identity(b"id") is registry.peers["generator-1"]
+
+
+def test_a_heartbeat_brings_a_scorers_typed_stats_into_status() -> None:
+    registry = Registry(heartbeat_timeout_s=5.0)
+    registry.register(Peer("scorer", "scorer-0", b"s0", "h", 1, 0, {}), now=0.0)
+    stats = ScorerStats(cpu_s=0.25, completions=80, groups=10, calls=30, workers=2)
+    assert registry.beat("scorer-0", 1.0, Heartbeat(instance="scorer-0", scorer=stats))
+    registry.beat("scorer-0", 2.0, Heartbeat(instance="scorer-0"))
+    assert registry.peers["scorer-0"].scorer == stats
+    assert registry.peers["scorer-0"].describe()["completions"] == 80

@@ -13,7 +13,14 @@ from grpo_stream.config import ConfigError, load_config
 from grpo_stream.launch import placed, threads
 from grpo_stream.launch.placement import Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
-from grpo_stream.launch.threads import measured_shares, service_plans, size_specs, split_cores
+from grpo_stream.launch.threads import (
+    measured_shares,
+    service_plans,
+    size_scorers,
+    size_specs,
+    split_cores,
+)
+from grpo_stream.rewards.sizing import ENV_WORKERS
 from grpo_stream.threads import ENV_CPUS, ENV_THREADS, ThreadPlan, plan_from_env
 
 EQUAL = {"trainer": 1.0, "generator": 1.0}
@@ -104,6 +111,45 @@ def test_a_trainer_node_of_two_ranks_pins_both_to_its_cores() -> None:
     size_specs("auto", [(trainer, 2), (generator, 1)], cores=list(range(6)))
     assert trainer.env[ENV_THREADS] == "2" and trainer.env[ENV_CPUS] == "0,1,2,3"
     assert generator.env[ENV_THREADS] == "2" and generator.env[ENV_CPUS] == "4,5"
+
+
+def _services(*kinds: str) -> list[tuple[ServiceSpec, int]]:
+    return [(ServiceSpec(f"{kind}-{i}", kind, [kind]), 1) for i, kind in enumerate(kinds)]
+
+
+def test_scorers_share_the_cores_the_torch_threads_leave() -> None:
+    specs = _services("trainer", "generator", "scorer", "scorer")
+    size_scorers("auto", 1, specs, cores=list(range(8)))
+    assert [spec.env.get(ENV_WORKERS) for spec, _ in specs] == [None, None, "3", "3"]
+
+
+def test_a_scorer_gets_one_worker_where_torch_takes_every_core() -> None:
+    specs = _services("trainer", "generator", "scorer")
+    size_scorers("auto", 1, specs, cores=[0, 1])
+    assert specs[2][0].env[ENV_WORKERS] == "1"
+
+
+def test_scorer_sizing_counts_the_planned_threads_of_each_trainer_rank() -> None:
+    trainer = ServiceSpec("trainer-0", "trainer", ["torchrun"], env={ENV_THREADS: "2"})
+    scorer = ServiceSpec("scorer-0", "scorer", ["scorer"])
+    size_scorers("auto", "auto", [(trainer, 2), (scorer, 1)], cores=list(range(6)))
+    assert scorer.env[ENV_WORKERS] == "2"
+
+
+def test_a_number_of_scorer_workers_is_left_to_the_config() -> None:
+    specs = _services("trainer", "scorer")
+    size_scorers(3, 1, specs, cores=list(range(8)))
+    assert ENV_WORKERS not in specs[1][0].env
+
+
+def test_up_plans_its_scorers_workers_from_the_machines_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(threads, "local_cores", lambda: [0, 1, 2, 3, 4, 5])
+    cfg = load_config(None, ["generator.count=1"])
+    placement = Placement("none", (Slot("local"),), (Slot("local"),))
+    specs = {s.service: s for s in placed.placed_specs(cfg, placement, "tcp://h:1", False)}
+    assert specs["scorer"].env[ENV_WORKERS] == "4"  # 6 cores, trainer and generator 1 each
 
 
 CHILD = """

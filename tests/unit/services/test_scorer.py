@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +83,42 @@ def test_the_scorer_scores_a_group_and_asks_for_one_more(hub: ScriptedHub) -> No
         scorer.close()
     assert scorer.code == 0
     assert hub.wait_for(m.Shutdown)[0].reason == "done"  # type: ignore[attr-defined]
+
+
+def test_groups_sent_together_all_come_back_and_the_heartbeat_counts_their_cost(
+    hub: ScriptedHub,
+) -> None:
+    scorer = Running(hub)
+    try:
+        hub.wait_for(m.WorkRequest)
+        for group_id in (1, 2, 3):
+            answer = str(group_id)
+            request = m.ScoreRequest(
+                lease_id=9,
+                group_id=group_id,
+                prompt="p",
+                completions=[answer, "0", answer, "x"],
+                reference={"answer": answer},
+            )
+            hub.send("sc-0", request)
+        scored = hub.wait_for(m.Scored, count=3)
+        assert sorted(s.group_id for s in scored) == [1, 2, 3]  # type: ignore[attr-defined]
+        for s in scored:
+            np.testing.assert_array_equal(s.rewards, [1.0, 0.0, 1.0, 0.0])  # type: ignore[attr-defined]
+        beat = hub.wait_for(m.Heartbeat, where=_counted(12))[0]
+        stats = beat.scorer  # type: ignore[attr-defined]
+        assert (stats.completions, stats.groups, stats.calls, stats.workers) == (12, 3, 9, 1)
+        assert stats.cpu_s > 0
+    finally:
+        scorer.close()
+
+
+def _counted(completions: int) -> Callable[[m.Message], bool]:
+    def done(msg: m.Message) -> bool:
+        stats = msg.scorer  # type: ignore[attr-defined]
+        return stats is not None and stats.completions == completions
+
+    return done
 
 
 def test_the_scorer_asks_for_its_window_again_after_the_hub_restarts(

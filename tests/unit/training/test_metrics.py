@@ -29,6 +29,7 @@ def test_hub_columns_are_the_step_stats_fields() -> None:
     assert (cols["groups_trained"], cols["groups_stale"]) == (12, 1)
     assert cols["gen_tokens_per_s"] == {"gen-0": 1234.5, "gen-1": 987.25}
     assert cols["tokens_per_s"] == 1234.5 + 987.25  # all generators together
+    assert cols["scorer_cpu_s_per_completion"] == 0.00125
 
 
 def test_generator_rates_that_do_not_match_their_names_are_an_error() -> None:
