@@ -158,7 +158,7 @@ class RunConsole:
         files = [
             f"{what} in {run_dir / name}"
             for what, name in (("metrics", "metrics.jsonl"), ("report", "report.png"))
-            if (run_dir / name).exists()
+            if (run_dir / name).is_file() and (run_dir / name).stat().st_size  # not empty
         ]
         self.note(f"{steps} steps" + (f"; {', '.join(files)}" if files else ""))
 

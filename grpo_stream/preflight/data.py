@@ -3,9 +3,11 @@
 `check_data(cfg)` builds the training task and its first problem (a dataset is opened
 memory-mapped; columns, split, emptiness and templates are checked), the evaluation set and
 its disjointness from training, and every reward spec (user functions imported, a reward
-model's head read from its config, not its weights); each built-in reward of a single-turn
-run is called once on the task's first problem, so a reward that cannot score the task
-(exact_match on a task without reference answers) is refused before any service starts.
+model's head read from its config, not its weights); then every built-in and user reward of
+a single-turn run is called once, sandboxed, on a sample completion of the task's first
+problem (`preflight.rewards`), so a reward that cannot score the task (exact_match on a task
+without reference answers, a user reward reading a key the reference lacks) is refused,
+naming its file and line, before any service starts.
 It raises DataCheckError with one line; `grpo-stream up` calls it, and pre-flight may too.
 """
 
@@ -13,13 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.evaluator.online import check_disjoint, eval_task_settings, make_eval_set
 from grpo_stream.models.loading import load_tokenizer
-from grpo_stream.rewards import BUILTIN, RewardLoadError, load_reward, reward_specs
+from grpo_stream.preflight.rewards import RewardCallError, check_reward_calls
+from grpo_stream.rewards import RewardLoadError, load_reward, reward_specs
 from grpo_stream.rewards.reward_model import check_head
 from grpo_stream.tasks import TaskDataError, make_task, validate_task
-from grpo_stream.tasks.base import Problem
 
 if TYPE_CHECKING:
     from grpo_stream.config import RunConfig
@@ -44,37 +45,22 @@ def check_data(cfg: RunConfig) -> list[str]:
         columns = validate_task(cfg.task, tokenizer)
         task = make_task(cfg.task, tokenizer)
         specs = reward_specs(cfg.task, task)
-        if not cfg.env.enabled:  # episodes are scored by their environment
-            check_builtin_rewards(cfg.task.name, task.problem(0), specs)
+        calls = [(cfg.task.name, task.problem(0), specs)]
         if cfg.eval.every > 0:
-            make_eval_set(cfg, tokenizer).problem(0)
+            settings, held_out = eval_task_settings(cfg), make_eval_set(cfg, tokenizer)
+            first = held_out.problem(0)
             check_disjoint(cfg, tokenizer)
-            specs += reward_specs(eval_task_settings(cfg), make_eval_set(cfg, tokenizer))
-        for spec in specs:
+            calls.append((settings.name, first, reward_specs(settings, held_out)))
+        for spec in [spec for _, _, specs in calls for spec in specs]:
             if spec.name == "reward_model" and spec.path is not None:
                 check_head(spec.path)
             else:
                 load_reward(spec)
-    except DataCheckError:
-        raise
-    except (TaskDataError, RewardLoadError) as exc:
+        if not cfg.env.enabled:  # episodes are scored by their environment
+            for name, problem, called in calls:
+                check_reward_calls(name, problem, called, cfg.scorer)
+    except (TaskDataError, RewardLoadError, RewardCallError) as exc:
         raise DataCheckError(str(exc).splitlines()[0]) from None
     except (OSError, ValueError) as exc:  # a tokenizer or chat template that does not load
         raise DataCheckError(f"task: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
     return columns
-
-
-def check_builtin_rewards(task_name: str, problem: Problem, specs: list[RewardSpec]) -> None:
-    """Call each built-in reward once on `problem` with an empty completion: one that raises
-    cannot score this task (user rewards are not called here: they run sandboxed)."""
-    for spec in specs:
-        if spec.name not in BUILTIN:
-            continue
-        try:
-            load_reward(spec)("", prompt=problem.prompt, reference=dict(problem.reference))
-        except Exception as exc:  # a built-in that cannot score this task's problems
-            keys = ", ".join(sorted(problem.reference)) or "none"
-            raise DataCheckError(
-                f"reward {spec.name!r} cannot score task {task_name!r}: {exc} (its problems' "
-                f"reference has the keys: {keys}; a multi-turn task needs its env.name)"
-            ) from None

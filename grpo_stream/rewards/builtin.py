@@ -8,6 +8,7 @@ lacks what the reward needs is a configuration error: it raises, and the scorer 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -95,6 +96,14 @@ def math_verify_reward(completion: str, *, prompt: str, reference: dict[str, Any
 
     pred = parse(completion, parsing_timeout=0)
     return float(bool(pred) and verify(list(_gold(gold_text)), pred, timeout_seconds=None))
+
+
+def load_math_verify() -> Callable[..., float]:
+    """The reward, with math-verify (and sympy) imported now: a worker loads it before it
+    serves, so the import (a second or more) never counts against a call's timeout."""
+    import math_verify  # noqa: F401
+
+    return math_verify_reward
 
 
 @lru_cache(maxsize=256)

@@ -20,6 +20,7 @@ import sysconfig
 import traceback
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import structlog
 
@@ -98,7 +99,8 @@ def _shown(path: str) -> str:
 class FailureLog:
     """Logs each distinct reward failure once with its traceback, then counts repeats."""
 
-    def __init__(self) -> None:
+    def __init__(self, logger: Any = None) -> None:
+        self._log = log if logger is None else logger  # a structlog logger
         self._seen: set[tuple[str, str, str]] = set()
         self._repeats = RateLimit()
 
@@ -111,10 +113,14 @@ class FailureLog:
             self._seen.add(distinct)
             self._repeats.allow(label)  # the next line about it comes a period later
             if trace:
-                log.error("reward.error", reward=reward, index=index, error=cause, traceback=trace)
+                self._log.error(
+                    "reward.error", reward=reward, index=index, error=cause, traceback=trace
+                )
             else:
-                log.warning("reward.failed", reward=reward, index=index, kind=kind, cause=cause)
+                self._log.warning(
+                    "reward.failed", reward=reward, index=index, kind=kind, cause=cause
+                )
             return
         count = self._repeats.allow(label)
         if count is not None:
-            log.warning("reward.failed", reward=reward, kind=kind, cause=cause, count=count)
+            self._log.warning("reward.failed", reward=reward, kind=kind, cause=cause, count=count)

@@ -28,7 +28,12 @@ from typing import Any, cast
 
 from grpo_stream.config.tasks import RewardSpec, TaskSettings
 from grpo_stream.rewards import gym
-from grpo_stream.rewards.builtin import exact_match, format_reward, length_penalty
+from grpo_stream.rewards.builtin import (
+    exact_match,
+    format_reward,
+    length_penalty,
+    load_math_verify,
+)
 from grpo_stream.rewards.builtin import math_verify_reward as math_verify
 from grpo_stream.rewards.countdown import countdown
 from grpo_stream.rewards.errors import RewardLoadError
@@ -48,7 +53,10 @@ BUILTIN: dict[str, RewardFn] = {
     "countdown": countdown,
     "reasoning_gym": gym.reasoning_gym_reward,
 }
-PRELOAD: dict[str, Callable[[], RewardFn]] = {"reasoning_gym": gym.load}
+PRELOAD: dict[str, Callable[[], RewardFn]] = {
+    "reasoning_gym": gym.load,
+    "math_verify": load_math_verify,
+}
 """Built-ins whose heavy imports are done when they load, not on their first call."""
 
 

@@ -104,8 +104,14 @@ class RewardPool:
     """Worker processes that score completions with the configured reward functions."""
 
     def __init__(
-        self, specs: list[RewardSpec], workers: int, timeout_s: float, memory_limit_mb: int
+        self,
+        specs: list[RewardSpec],
+        workers: int,
+        timeout_s: float,
+        memory_limit_mb: int,
+        logger: Any = None,
     ) -> None:
+        """`logger`: where its events go (a structlog logger; default this module's)."""
         if not specs:
             raise ValueError("RewardPool needs at least one reward spec")
         if workers < 1 or timeout_s <= 0 or memory_limit_mb < 1:
@@ -123,7 +129,8 @@ class RewardPool:
         self._calls = 0
         self._failures: Counter[str] = Counter()
         self._restarts = 0
-        self._failure_log = FailureLog()  # one failing reward must not flood the log
+        self._log = log if logger is None else logger
+        self._failure_log = FailureLog(self._log)  # one failing reward must not flood the log
         self._groups: dict[int, GroupCalls] = {}  # submitted, not collected, by ticket
         self._queue: deque[Chunk] = deque()
         self._finished: list[int] = []  # tickets whose every call ended
@@ -150,7 +157,7 @@ class RewardPool:
         except BaseException:
             self.close()
             raise
-        log.info("reward.pool_started", workers=self._n_workers, rewards=self._names)
+        self._log.info("reward.pool_started", workers=self._n_workers, rewards=self._names)
 
     def close(self) -> None:
         """Stop every worker (SIGKILL after a grace period) and reap it. Idempotent."""
@@ -400,7 +407,7 @@ class RewardPool:
         fresh = self._spawn(w.slot)
         self._workers[self._workers.index(w)] = fresh
         self._restarts += 1
-        log.info(
+        self._log.info(
             "reward.worker_restarted", slot=w.slot, old=old_pid, pid=fresh.proc.pid, why=reason
         )
 

@@ -1,8 +1,12 @@
-"""A reward that always fails: the run stops within a minute with one line naming the
-reward and its last error, and the scorer's log stays small (warnings are rate-limited)."""
+"""A reward that fails on every completion of the run: the run stops within a minute with one
+line naming the reward and its last error (with the user's file and line), the traceback is
+shown once (not once per completion), and the scorer's log stays small (warnings are
+rate-limited). Pre-flight's call passes: the reward fails from its second call on, as one
+that reads a key only some references have would."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -14,8 +18,13 @@ from .conftest import Run, hub_events
 pytestmark = pytest.mark.slow
 
 FAILING = """
+import os
+
 def always_fails(completion, **_):
-    raise ValueError("verifier unavailable")
+    if os.environ.get("FAILED_ONCE"):
+        raise ValueError("verifier unavailable")
+    os.environ["FAILED_ONCE"] = "1"  # this process: pre-flight's worker, or a scorer's
+    return 0.0
 """
 
 
@@ -37,6 +46,16 @@ def test_an_always_failing_reward_stops_the_run_with_its_name_and_error(
     assert (_when(aborted) - started).total_seconds() < 60
     scorer_logs = list((run.run_dir / "logs").glob("scorer-*.jsonl"))
     assert scorer_logs and all(p.stat().st_size < 1_000_000 for p in scorer_logs)
+    assert "failing_reward.py:6 in always_fails" in aborted["error"]
+    tracebacks = [e for p in scorer_logs for e in _events(p) if e["event"] == "reward.error"]
+    assert len(tracebacks) == 1  # once per distinct error, not once per completion
+    assert 'failing_reward.py", line 6, in always_fails' in tracebacks[0]["traceback"]
+    shown = " ".join(out.split())  # the console wraps long lines at spaces
+    assert 'failing_reward.py", line 6, in always_fails' in shown  # on the console too
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _when(event: dict[str, Any]) -> datetime:

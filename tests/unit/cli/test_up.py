@@ -65,3 +65,20 @@ def test_check_exits_2_on_a_bad_input(tmp_path):
     result = _up(tmp_path, "--check", "--set", "task.name=countdown")
     assert result.exit_code == 2
     assert "prompts do not fit" in result.output
+
+
+READS_PRODUCT = """
+def accuracy(completion, *, prompt, reference):
+    return float(completion.strip() == reference["product"])
+"""
+
+
+def test_a_reward_that_raises_stops_up_before_any_service_starts(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(READS_PRODUCT)
+    monkeypatch.chdir(tmp_path)
+    result = _up(tmp_path, "--set", 'task.rewards=[{name="my_rewards:accuracy"}]')
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: reward 'my_rewards:accuracy'"), lines
+    assert "raised KeyError: 'product' (my_rewards.py:3 in accuracy)" in lines[0]
+    assert not (tmp_path / "run").exists()

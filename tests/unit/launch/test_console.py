@@ -94,8 +94,17 @@ def test_a_path_longer_than_a_row_breaks_only_after_a_slash():
 
 def test_the_last_line_names_only_files_that_exist(tmp_path):
     console, out = _console()
-    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     console.finished(3, tmp_path)
     text = out.getvalue()
     assert "metrics.jsonl" in text
     assert "report.png" not in text
+
+
+def test_the_last_line_does_not_point_to_an_empty_metrics_file(tmp_path):
+    """A run that stopped before its first step (a reward failing every completion) has an
+    empty metrics.jsonl: nothing to read there."""
+    console, out = _console()
+    (tmp_path / "metrics.jsonl").write_text("")
+    console.finished(0, tmp_path)
+    assert "metrics.jsonl" not in out.getvalue()

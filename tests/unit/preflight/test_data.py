@@ -82,3 +82,51 @@ def test_the_same_task_played_by_its_environment_passes() -> None:
         }
     )
     assert check_data(cfg) == []
+
+
+READS_PRODUCT = """
+def accuracy(completion, *, prompt, reference):
+    return float(completion.strip() == reference["product"])
+"""
+
+
+def test_a_user_reward_that_raises_is_refused_naming_its_file_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_rewards.py").write_text(READS_PRODUCT)
+    monkeypatch.chdir(tmp_path)  # user code is found from the working directory
+    rewards = [{"name": "my_rewards:accuracy"}]
+    with pytest.raises(DataCheckError) as info:
+        check_data(config_from_dict({"task": {"rewards": rewards}}))
+    message = str(info.value)
+    assert message.startswith("reward 'my_rewards:accuracy' cannot score task 'arith': ")
+    assert "raised KeyError: 'product' (my_rewards.py:3 in accuracy)" in message
+    assert "keys: answer" in message and "\n" not in message
+
+
+HANGS = """
+import time
+
+def slow(completion, **_):
+    time.sleep(60)
+    return 1.0
+"""
+
+
+def test_a_user_reward_that_hangs_is_refused_after_the_scorers_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "slow_rewards.py").write_text(HANGS)
+    monkeypatch.chdir(tmp_path)
+    cfg = {"task": {"rewards": [{"name": "slow_rewards:slow"}]}, "scorer": {"timeout_s": 0.5}}
+    with pytest.raises(DataCheckError, match=r"'slow_rewards:slow' .*: timeout after 0.5s"):
+        check_data(config_from_dict(cfg))
+
+
+def test_a_user_reward_that_scores_the_sample_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "ok_rewards.py").write_text(READS_PRODUCT.replace('"product"', '"answer"'))
+    monkeypatch.chdir(tmp_path)
+    rewards = [{"name": "ok_rewards:accuracy"}]
+    assert check_data(config_from_dict({"task": {"rewards": rewards}})) == []

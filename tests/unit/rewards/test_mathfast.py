@@ -220,3 +220,10 @@ def test_a_fast_verdict_on_random_text_is_the_library_verdict(completion: str, g
     fast = fast_verdict(completion, gold)
     if fast is not None:
         assert fast == library(completion, gold), (completion, gold)
+
+
+def test_a_kept_reference_parse_never_answers_for_another_reference():
+    half = "The answer is $\\frac{1}{2}$"
+    golds = ["1/2", "1/3", "0.5", "2"]
+    scores = [math_verify_reward(half, prompt="", reference={"answer": g}) for g in golds]
+    assert scores == [1.0, 0.0, 1.0, 0.0]

@@ -189,6 +189,17 @@ def test_a_hostile_call_fails_every_copy_of_its_completion_only(
     assert pool.stats()["failures"] == {kind: 1}
 
 
+def test_a_hang_in_one_group_spares_the_other_groups_in_flight(make_pool):
+    pool = make_pool([spec("sleeps_forever")], workers=2)
+    tickets = [pool.submit("p", texts, {}) for texts in (["a", "bb"], ["ccc", "boom"], ["dddd"])]
+    results = dict(collect_all(pool))
+    first, hung, last = (results[t] for t in tickets)
+    np.testing.assert_array_equal(first.components[0], [1.0, 2.0])
+    np.testing.assert_array_equal(last.components[0], [4.0])
+    assert hung.components[0, 0] == 3.0 and math.isnan(hung.components[0, 1])
+    assert hung.errors == [f"bad_rewards:sleeps_forever[1]: timeout after {TIMEOUT_S}s"]
+
+
 def collect_all(pool: RewardPool) -> list[tuple[int, ScoreResult]]:
     done: list[tuple[int, ScoreResult]] = []
     while pool.busy():
