@@ -26,6 +26,7 @@ SMOKE = {
     "loss": r"^ratio behaviour/bare \d",
     "multi_turn": r"^cost per token episodes/single: ",
     "off_policy": r"^staleness4 best/onpolicy gain ratio: ",
+    "rewards": r"^reward calls/s before -> after: short \d+ -> \d+ .*gsm8k \d+ -> \d+",
     "soak": r"^\}$",  # its JSON summary; it exits 1 on any failure it found
     "step_parts": r"^step_parts: compute \d+\.\d ms, fixed \d",
     "trainer_tokens": r"^ratio packed/padded tokens/s: \d+\.\d+, shared/packed \d",
