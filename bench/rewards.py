@@ -79,7 +79,8 @@ def gsm8k_groups(count: int, group_size: int, rng: random.Random) -> list[Group]
 
 
 def before(completion: str, gold_text: str) -> float:
-    """The plain math-verify library call, as the reward made it per completion before."""
+    """The plain math-verify library call, as the reward made it per completion before the
+    fast path (also the reference tests/unit/rewards/test_mathfast.py compares it with)."""
     from math_verify import parse as mv_parse
     from math_verify import verify
 

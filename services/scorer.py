@@ -34,7 +34,7 @@ from grpo_stream.protocols.payloads import PayloadLost, ScoreRef
 from grpo_stream.rewards import reward_specs
 from grpo_stream.rewards.calls import ScoreResult
 from grpo_stream.rewards.sandbox import RewardPool
-from grpo_stream.rewards.sizing import resolve_workers
+from grpo_stream.rewards.sizing import LEARNED, resolve_workers
 from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.tasks import make_task
 from grpo_stream.threads import local_cores
@@ -59,8 +59,10 @@ def serve_scorer(link: Session) -> int:
     cfg = link.cfg
     task = make_task(cfg.task)
     specs = reward_specs(cfg.task, task)
+    learned = any(spec.name in LEARNED for spec in specs)
+    cores = len(local_cores())
     workers = resolve_workers(
-        cfg.scorer.workers, cfg.scorer.groups_per_request, os.environ, len(local_cores())
+        cfg.scorer.workers, cfg.scorer.groups_per_request, os.environ, cores, learned
     )
     with RewardPool(specs, workers, cfg.scorer.timeout_s, cfg.scorer.memory_limit_mb) as pool:
         log.info("scorer.ready", rewards=[s.name for s in specs], workers=workers)

@@ -185,7 +185,8 @@ class ScorerSettings(BaseModel):
     """Worker processes per scorer that run reward functions: a number, or "auto": the
     cores the trainer's and generators' torch threads leave on the scorer's machine, shared
     among its scorers (`up` plans it; a scorer started by hand takes its cores), at least 1
-    and at most groups_per_request (grpo_stream.rewards.sizing)."""
+    and at most groups_per_request; 1 with a reward model or judge, which each worker loads
+    (grpo_stream.rewards.sizing)."""
     timeout_s: float = Field(5.0, gt=0)
     """A reward call slower than this is killed and scores NaN."""
     memory_limit_mb: int = Field(1024, ge=16)

@@ -39,6 +39,7 @@ from grpo_stream.config import RunConfig
 from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.hardware.plan import GIB, memory_needs
 from grpo_stream.launch.placement import HostDevices, Placement, PlacementError, Slot, usable
+from grpo_stream.rewards.sizing import model_copies
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def side_needs(
         evaluator += rewards(_reward_models(*_eval_rewards(cfg), mode))
     return {
         "evaluator": _need(evaluator, 1, overhead),
-        "scorer": _need(scorer, cfg.scorer.workers, overhead),
+        "scorer": _need(scorer, model_copies(cfg.scorer.workers), overhead),
     }
 
 

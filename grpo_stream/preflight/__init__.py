@@ -2,19 +2,19 @@
 
 `preflight(cfg)` runs every check in order and raises `PreflightError` at the first bad
 input, with a message that says what is wrong, the numbers, and the setting to change. It
-creates nothing (no run directory), imports neither torch nor transformers, and takes a
-second or two (most of it one reward worker's start) unless it has to ask the Hugging Face
-hub whether a model exists.
+creates nothing (no run directory), imports neither torch nor transformers, and takes well
+under a second (a second more with a user reward: its sandboxed worker's start) unless it
+has to ask the Hugging Face hub whether a model exists.
 
 Checks: the model resolves (the shipped tiny model, a local directory, a name in the local
 Hugging Face cache, or a name the hub knows: offline mode is honoured); the task's data file
-exists and has the named fields; every reward loads and (built-ins and user functions) scores
-a sample completion in the scorer's sandbox (`preflight.rewards`); the longest of the first `FIT_PROBLEMS` prompts plus
-`generator.max_tokens` fits the model's context; the task and engine suit the model (a chat
-template where `task.chat_template` asks for one, a supported vLLM installed where
-`generator.engine` names it); a distillation teacher resolves and shares the policy's
-vocabulary; env.agent loads (an async function) with its libraries installed; the run
-directory is writable with room for a checkpoint.
+exists and has the named fields; every reward loads, and the built-ins and user functions
+score a sample completion (user ones in the scorer's sandbox: `preflight.rewards`); the
+longest of the first `FIT_PROBLEMS` prompts plus `generator.max_tokens` fits the model's
+context; the task and engine suit the model (a chat template where `task.chat_template` asks
+for one, a supported vLLM installed where `generator.engine` names it); a distillation
+teacher resolves and shares the policy's vocabulary; env.agent loads (an async function)
+with its libraries installed; the run directory is writable with room for a checkpoint.
 """
 
 from __future__ import annotations

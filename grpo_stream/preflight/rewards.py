@@ -1,6 +1,7 @@
 """Pre-flight's call of every reward: each built-in and user reward function of a run is called
-once, in the scorer's sandbox (a worker process, `scorer.timeout_s`, `scorer.memory_limit_mb`),
-on a sample completion of the task's first problem, before any service starts.
+once on a sample completion of the task's first problem, before any service starts: the
+built-ins here (our code), user functions in the scorer's sandbox (a worker process,
+`scorer.timeout_s`, `scorer.memory_limit_mb`).
 
 A reward that raises, hangs, dies or returns a non-number there would fail every completion
 of the run (it used to start, then abort after `run.abort_after_failed_groups` failed groups
@@ -10,21 +11,25 @@ cause and the user's file:line (the sandbox's events are not shown: that line is
 
 The sample completion is the problem's reference answer where it has one (what a reward must
 be able to score), else the empty completion. Learned rewards (`reward_model`, `judge`) are
-not called: they load a model, and pre-flight checks their configuration instead. Costs a
-worker's start (about a second: the fork server, the rewards' imports).
+not called: they load a model, and pre-flight checks their configuration instead. A user
+reward costs a worker's start (about a second: the fork server, the rewards' imports); the
+built-ins cost their call (math_verify: its import of sympy).
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import structlog
 
 from grpo_stream.config.run import ScorerSettings
 from grpo_stream.config.tasks import RewardSpec
+from grpo_stream.rewards import BUILTIN, load_reward
+from grpo_stream.rewards.failures import describe
 from grpo_stream.rewards.sandbox import RewardPool, RewardPoolError
+from grpo_stream.rewards.sizing import LEARNED
 from grpo_stream.tasks.base import Problem
-
-LEARNED = ("reward_model", "judge")
-"""Rewards that load a model: not called by pre-flight."""
 
 
 class RewardCallError(ValueError):
@@ -42,22 +47,51 @@ def check_reward_calls(
 ) -> None:
     """Call every reward of `specs` but the learned ones once on `problem`'s sample
     completion; raise RewardCallError naming the first that fails."""
-    called = [spec for spec in specs if spec.name not in LEARNED]
-    if not called:
-        return
     sample = sample_completion(problem)
-    try:
-        quiet = structlog.wrap_logger(structlog.ReturnLogger())  # the one line says it all
-        with RewardPool(called, 1, scorer.timeout_s, scorer.memory_limit_mb, quiet) as pool:
-            result = pool.score(problem.prompt, [sample], dict(problem.reference))
-    except RewardPoolError as exc:
-        raise RewardCallError(str(exc).splitlines()[0]) from None
-    if not result.errors:
+    builtin = [spec for spec in specs if spec.name in BUILTIN]
+    user = [spec for spec in specs if spec.name not in BUILTIN and spec.name not in LEARNED]
+    failed = _call_builtins(builtin, problem, sample) or _call_sandboxed(
+        user, problem, sample, scorer
+    )
+    if failed is None:
         return
-    name, _, cause = result.errors[0].partition("[0]: ")
+    name, cause = failed
     keys = ", ".join(sorted(problem.reference)) or "none"
     raise RewardCallError(
         f"reward {name!r} cannot score task {task_name!r}: {cause}, called on the sample "
         f"completion {sample!r} (its problems' reference has the keys: {keys}; a multi-turn "
         "task needs its env.name)"
     )
+
+
+def _call_builtins(
+    specs: list[RewardSpec], problem: Problem, sample: str
+) -> tuple[str, str] | None:
+    """Built-ins run here (our code: no sandbox to start); (name, cause) of the first that
+    fails."""
+    for spec in specs:
+        try:
+            value = load_reward(spec)(sample, prompt=problem.prompt, reference=problem.reference)
+        except Exception as exc:  # a built-in that cannot score this task's problems
+            return spec.name, describe(exc).cause
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return spec.name, f"returned {value!r}, not a finite number"
+    return None
+
+
+def _call_sandboxed(
+    specs: list[RewardSpec], problem: Problem, sample: str, scorer: ScorerSettings
+) -> tuple[str, str] | None:
+    """User rewards run in the scorer's sandbox; (name, cause) of the first that fails."""
+    if not specs:
+        return None
+    quiet = structlog.wrap_logger(structlog.ReturnLogger())  # the one line says it all
+    try:
+        with RewardPool(specs, 1, scorer.timeout_s, scorer.memory_limit_mb, quiet) as pool:
+            result = pool.score(problem.prompt, [sample], dict(problem.reference))
+    except RewardPoolError as exc:
+        return ", ".join(spec.name for spec in specs), str(exc).splitlines()[0]
+    if not result.errors:
+        return None
+    name, _, cause = result.errors[0].partition("[0]: ")
+    return name, cause

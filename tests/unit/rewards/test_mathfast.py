@@ -6,24 +6,18 @@ a generated corpus, and random texts."""
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from math_verify import parse, verify
 
 from grpo_stream.rewards.builtin import math_verify_reward
 from grpo_stream.rewards.mathfast import fast_verdict
 
-
-def library(completion: str, gold_text: str) -> float:
-    """The plain math-verify library call, as the reward made it before the fast path."""
-    gold = parse(gold_text, parsing_timeout=0)
-    if not gold and "$" not in gold_text:
-        gold = parse(f"${gold_text}$", parsing_timeout=0)
-    pred = parse(completion, parsing_timeout=0)
-    return float(bool(pred) and verify(gold, pred, timeout_seconds=None))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: bench/
+from bench.rewards import before as library  # the plain library call, per completion
 
 PARAGRAPH = (
     "Natalia sold 48 clips in April. In May she sold half as many: 48 / 2 = 24 clips. "

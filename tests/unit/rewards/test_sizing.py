@@ -27,3 +27,8 @@ def test_the_spare_share_is_at_least_one_worker() -> None:
     assert spare_share(cores=2, torch_threads=2, scorers=1) == 1
     assert spare_share(cores=10, torch_threads=2, scorers=3) == 2
     assert spare_share(cores=4, torch_threads=1, scorers=0) == 3
+
+
+def test_auto_runs_one_worker_for_a_reward_that_loads_a_model() -> None:
+    assert resolve_workers("auto", 8, {ENV_WORKERS: "6"}, cores=16, learned=True) == 1
+    assert resolve_workers(3, 8, {}, cores=16, learned=True) == 3
