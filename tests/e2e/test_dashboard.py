@@ -141,6 +141,7 @@ def test_a_live_run_and_then_its_finished_page_in_a_real_browser(tmp_path: Path)
             assert _points(driver, "chart-grad") == steps and _points(driver, "chart-kl") == steps
             assert driver.find_element("id", "step").get_attribute("data-step") == str(steps)
             _check_staleness(driver, metrics(run_dir))
+            _check_reward_cost(driver, metrics(run_dir))
             _check_completions(driver, read_samples(run_dir))
             save_screenshot(driver, "dashboard-finished.png")
             _append_eval(run_dir)  # a panel fills from a file that appears later too
@@ -157,6 +158,15 @@ def _check_staleness(driver: Any, rows: list[dict[str, Any]]) -> None:
     assert all(per_step), "a step without its sequences' staleness"
     total = [sum(c[i] for c in per_step if i < len(c)) for i in range(max(map(len, per_step)))]
     assert _bars(driver, "chart-staleness") == (list(range(len(total))), total)
+
+
+def _check_reward_cost(driver: Any, rows: list[dict[str, Any]]) -> None:
+    """The reward-cost chart is the steps' scorer CPU per completion, in milliseconds."""
+    cost = [(r["step"], r["scorer_cpu_s_per_completion"]) for r in rows]
+    known = [(step, 1000 * s) for step, s in cost if s is not None]
+    assert known, "no step knew its scorers' CPU per completion"
+    x, y = _bars(driver, "chart-reward-cost")
+    assert x == [step for step, _ in known] and y == pytest.approx([ms for _, ms in known])
 
 
 def _check_completions(driver: Any, logged: list[dict[str, Any]]) -> None:
