@@ -11,11 +11,13 @@ of a group once, a group per worker call), side by side on two workloads of grou
 Columns: `before` the plain library call (parse of the reference, of the completion, verify)
 per completion in this process; `fast` our math_verify_reward per completion in this process
 (no cache, no worker); `after` the RewardPool of the scorer (`--workers` processes) scoring
-the groups as the scorer does (IPC included). Rates are completions scored per second. Every
-verdict of `after` must equal `before`'s (the bench fails otherwise).
+the groups as the scorer does (IPC included). Each as completions scored per wall second and
+CPU microseconds per completion (this process's, plus the pool's workers' for `after`): the
+CPU column holds its ratio on a loaded machine, where wall rates swing. Every verdict of
+`fast` and `after` must equal `before`'s (the bench fails otherwise).
 
 Run: python -m bench.rewards [--groups 200] [--workers 1]; --smoke: a few groups, nothing
-saved. Last line: `reward calls/s before -> after: short B -> A (Rx), gsm8k B -> A (Rx)`.
+saved. Last line: `reward calls/s before -> after: short B -> A (Rx; CPU Cx less), gsm8k ...`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import structlog
@@ -91,21 +94,30 @@ def before(completion: str, gold_text: str) -> float:
     return float(bool(pred) and verify(gold, pred, timeout_seconds=None))
 
 
-def in_process(groups: list[Group], score: Callable[[str, str], float]) -> tuple[float, list]:
-    """Completions per second of `score` called per completion (after one call that does
-    its imports), and its verdicts."""
+@dataclass(frozen=True)
+class Cost:
+    """What scoring a workload cost: completions per wall second, CPU microseconds per
+    completion (this process and, through the pool, its workers: steadier under load)."""
+
+    per_s: float
+    cpu_us: float
+
+
+def in_process(groups: list[Group], score: Callable[[str, str], float]) -> tuple[Cost, list]:
+    """The cost of `score` called per completion (after one call that does its imports), and
+    its verdicts."""
     score("The answer is $\\frac{1}{2}$", "0.5")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     verdicts = [[score(text, gold) for text in texts] for texts, gold in groups]
-    return _rate(groups, time.perf_counter() - start), verdicts
+    return _cost(groups, time.perf_counter() - start, time.process_time() - cpu), verdicts
 
 
 def fast(completion: str, gold_text: str) -> float:
     return math_verify_reward(completion, prompt="", reference={"answer": gold_text})
 
 
-def pooled(groups: list[Group], workers: int) -> tuple[float, list]:
-    """Completions per second through the scorer's RewardPool (started before the clock)."""
+def pooled(groups: list[Group], workers: int) -> tuple[Cost, list]:
+    """The cost through the scorer's RewardPool (started and warmed before the clock)."""
     spec = RewardSpec(name="math_verify")
     quiet = structlog.wrap_logger(structlog.ReturnLogger())
     with RewardPool([spec], workers, 30.0, 2048, quiet) as pool:
@@ -113,36 +125,40 @@ def pooled(groups: list[Group], workers: int) -> tuple[float, list]:
             pool.submit("", ["The answer is $\\frac{1}{2}$"], {"answer": "0.5"})
         while pool.busy():
             pool.collect(math.inf)
-        start = time.perf_counter()
+        start, cpu, worker_cpu = time.perf_counter(), time.process_time(), pool.cpu_s()
         tickets = [pool.submit("", texts, {"answer": gold}) for texts, gold in groups]
         done: dict[int, Any] = {}
         while pool.busy():
             done.update(pool.collect(math.inf))
         seconds = time.perf_counter() - start
-    return _rate(groups, seconds), [done[t].rewards.tolist() for t in tickets]
+        cpu_s = time.process_time() - cpu + pool.cpu_s() - worker_cpu
+    return _cost(groups, seconds, cpu_s), [done[t].rewards.tolist() for t in tickets]
 
 
-def _rate(groups: list[Group], seconds: float) -> float:
-    return sum(len(texts) for texts, _ in groups) / seconds
+def _cost(groups: list[Group], seconds: float, cpu_s: float) -> Cost:
+    completions = sum(len(texts) for texts, _ in groups)
+    return Cost(per_s=completions / seconds, cpu_us=1e6 * cpu_s / completions)
 
 
 def measure(name: str, groups: list[Group], workers: int) -> dict[str, Any]:
-    rate_before, verdicts = in_process(groups, before)
-    rate_fast, fast_verdicts = in_process(groups, fast)
-    rate_after, pool_verdicts = pooled(groups, workers)
+    quick, fast_verdicts = in_process(groups, fast)  # first: `before` then meets warm caches
+    was, verdicts = in_process(groups, before)  # (sympy's, math_verify's): conservative
+    now, pool_verdicts = pooled(groups, workers)  # its workers start cold
     if fast_verdicts != verdicts or pool_verdicts != verdicts:
         raise SystemExit(f"{name}: verdicts differ from the plain math_verify call")
     distinct = sum(len(set(texts)) for texts, _ in groups) / sum(len(t) for t, _ in groups)
     row = {
-        "before": rate_before,
-        "fast": rate_fast,
-        "after": rate_after,
-        "ratio": rate_after / rate_before,
+        "before": asdict(was),
+        "fast": asdict(quick),
+        "after": asdict(now),
+        "ratio": now.per_s / was.per_s,
+        "cpu_ratio": was.cpu_us / now.cpu_us,
         "distinct_share": distinct,
     }
     print(
-        f"{name:7} before {rate_before:9.0f}/s  fast {rate_fast:9.0f}/s  after "
-        f"{rate_after:9.0f}/s  ({row['ratio']:.1f}x; {distinct:.0%} distinct)",
+        f"{name:7} before {was.per_s:7.0f}/s {was.cpu_us:7.0f} us  fast {quick.per_s:7.0f}/s "
+        f"{quick.cpu_us:7.0f} us  after {now.per_s:7.0f}/s {now.cpu_us:7.0f} us CPU/completion "
+        f"({row['ratio']:.1f}x calls/s, {row['cpu_ratio']:.1f}x less CPU; {distinct:.0%} distinct)",
         flush=True,
     )
     return row
@@ -171,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         data = {"args": vars(args), "workloads": rows, "environment": environment()}
         print(f"saved {save_json(results_path('rewards.json'), data)}")
     cells = [
-        f"{n} {r['before']:.0f} -> {r['after']:.0f} ({r['ratio']:.1f}x)" for n, r in rows.items()
+        f"{n} {r['before']['per_s']:.0f} -> {r['after']['per_s']:.0f} ({r['ratio']:.1f}x; "
+        f"CPU {r['cpu_ratio']:.1f}x less)"
+        for n, r in rows.items()
     ]
     print(f"reward calls/s before -> after: {', '.join(cells)}")
 
