@@ -20,6 +20,7 @@ from grpo_stream.launch.devices import (
 from grpo_stream.launch.placed import cluster_overrides, placed_services
 from grpo_stream.launch.placement import Placement, PlacementError, place
 from grpo_stream.launch.supervisor import ServiceSpec
+from grpo_stream.rewards.sizing import ENV_WORKERS
 
 B7 = 7_000_000_000
 SMALL = 100_000_000
@@ -93,7 +94,7 @@ def test_cpu_only_host_sets_no_device_environment() -> None:
     placement = place(cfg, [host], None)
     services = placed_services(cfg, placement, "tcp://h:1", False)
     assert placement.mode == "none"
-    assert all(spec.env == {} for spec, _ in services)
+    assert all(set(spec.env) <= {ENV_WORKERS} for spec, _ in services)  # scorer.workers only
     assert "--nproc-per-node=2" in services[0][0].argv
 
 
