@@ -32,6 +32,7 @@ from grpo_stream.hub.payloads.store import PayloadOutbox, Sender
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.sampling import GroupSample
+from grpo_stream.services.credits import credit_window
 from grpo_stream.services.generator_stream import Hooks, StreamLoop
 from grpo_stream.services.rollouts import empty_rollout, group_rollout
 from grpo_stream.session.service import Session
@@ -58,7 +59,7 @@ class Generator:
         self.engine = engine
         self.stop = link.stop
         self.queue: deque[m.PromptBatch] = deque()
-        self.credits = self.cfg.generator.prompts_per_request
+        self.credits = credit_window(self.cfg, engine)  # prompts it asks the hub for
         self.watcher: WeightsWatcher | None = None
         self.watched: str | None = None
         self.reload = False  # the trainer restarted: take its newest version whatever its number
@@ -110,7 +111,7 @@ class Generator:
                 self.out.close()
 
     def _serve(self) -> None:
-        self.link.pull(2 * self.credits)
+        self.link.pull(2 * self.credits.start)
         while not self.stop.set:
             idle = not self.queue
             t0 = time.perf_counter()

@@ -5,7 +5,8 @@ submitted as it arrives, and each group goes to the hub the moment its G complet
 Invariants:
 - Credits count prompts held: each prompt's credit goes back when its group is sent, so the
   generator never holds more prompts than it asked for, and the engine stays full across
-  PromptBatches (vLLM batches requests of different leases together).
+  PromptBatches (vLLM batches requests of different leases together). The window grows with
+  the engine's occupancy (`grpo_stream.services.credits.CreditWindow`).
 - A PromptBatch is submitted once `Hooks.version_ready(min_version)` says the engine may
   take it; finished groups keep flowing to the hub while it waits.
 - Weights are followed by the generator (`Hooks.turn`): a newer version starts a background
@@ -33,6 +34,7 @@ import structlog
 from grpo_stream.engines.streaming import StreamingEngine, group_seed
 from grpo_stream.protocols import messages as m
 from grpo_stream.sampling import GroupSample
+from grpo_stream.services.credits import CreditWindow
 from grpo_stream.session.service import Session
 
 log = structlog.get_logger()
@@ -85,10 +87,12 @@ class StreamLoop:
         self.held: dict[Hashable, _Held] = {}
         self._tag = uuid.uuid4().hex[:8]  # keys never collide with an earlier loop's requests
         self._busy_since: float | None = None  # when the engine last went from idle to busy
+        self.credits = CreditWindow(1)  # the generator's, from `run`
         link.on_rejoin(self._rejoined)
 
-    def run(self, credits: int) -> None:
-        self.link.pull(2 * credits)
+    def run(self, credits: CreditWindow) -> None:
+        self.credits = credits
+        self.link.pull(2 * credits.start)
         while not self.link.stop.set:
             idle = not self.held and not self.queue
             t0 = time.perf_counter()
@@ -121,15 +125,16 @@ class StreamLoop:
         return started
 
     def _send(self, finished: list[tuple[Hashable, GroupSample, float]], started: int) -> None:
-        tokens = sent = 0
+        tokens = sent = asked = 0
         for key, sample, seconds in finished:
             held = self.held.pop(key, None)
             if held is None:  # its lease went back to the hub (a rejoin): not ours to send
                 continue
             tokens += self.hooks.send(held.batch, held.group_id, sample, seconds)
             sent += 1
-        if sent:
-            self.link.replenish(sent)
+            asked += self.credits.done([len(c.token_ids) for c in sample.completions])
+        if asked:
+            self.link.replenish(asked)
         now = time.perf_counter()
         if self._busy_since is not None and (sent or started or not self.held):
             self.hooks.account(sent, tokens, now - self._busy_since, started)
@@ -142,3 +147,4 @@ class StreamLoop:
             log.info("generator.requests_aborted", held=len(self.held), running=running)
         self.held.clear()
         self._busy_since = None
+        self.credits.rejoined()

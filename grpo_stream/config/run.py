@@ -127,8 +127,14 @@ class GeneratorSettings(BaseModel):
     """Sampling temperature (log-probs are those of the tempered distribution)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling: only 1.0 is accepted (see `_check`)."""
-    prompts_per_request: int = Field(16, ge=1)
-    """Prompts a generator asks for at once (its credits); scaled by its device share."""
+    prompts_per_request: int | None = Field(None, ge=1)
+    """Prompts a generator asks for at once (its credits; it asks for twice this at start)
+    and the hub's lease size. None (the default): follow the engine's capacity. vllm: the
+    sequences it runs at once (max_num_seqs, fewer when its KV cache holds fewer sequences of
+    max_tokens) / group_size, raised as groups come back by the share of a group's sequences
+    still running when its last finishes (long-tailed lengths leave the engine part-empty
+    otherwise). hf (one batch per lease): a step's prompts (hub.groups_per_step), with
+    hub.refill_ahead and the refills they may need. A number: that many, fixed."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vllm: fraction of device memory for weights and KV cache."""
     vllm_block_size: int | None = Field(None, ge=16, le=1024)

@@ -80,6 +80,16 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class Capacity(Protocol):
+    """An engine that runs a bounded number of sequences at once (vllm: its scheduler's
+    max_num_seqs and KV cache); the generator's credits follow it."""
+
+    def capacity(self, max_tokens: int) -> int:
+        """Sequences of at most `max_tokens` completion tokens the engine runs at once."""
+        ...
+
+
 def to_torch(value: torch.Tensor | np.ndarray) -> torch.Tensor:
     """A torch tensor for a received array (ml_dtypes bfloat16 included); tensors pass through."""
     import torch

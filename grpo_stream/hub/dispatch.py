@@ -14,6 +14,7 @@ a slower one.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Collection
 from typing import Protocol
@@ -81,6 +82,22 @@ def allocate(
     return out
 
 
+def lease_base(cfg: RunConfig) -> int:
+    """Prompts of one lease before refill planning: generator.prompts_per_request when set,
+    else a trainer step's (hub.groups_per_step)."""
+    return cfg.generator.prompts_per_request or cfg.hub.groups_per_step
+
+
+def largest_lease(cfg: RunConfig) -> int:
+    """The most prompts one lease can hold: the base, and with hub.refill_ahead the
+    replacements of a step whose every group may be refilled (at most 1 + max_refill_ratio
+    prompts a slot, `Refill.per_slot`)."""
+    base = lease_base(cfg)
+    if not (cfg.hub.refill_ahead and cfg.algo.advantage.filter_zero_signal):
+        return base
+    return math.ceil(base * (1.0 + cfg.hub.max_refill_ratio) - 1e-9)
+
+
 def sampling_params(g: GeneratorSettings) -> m.SamplingParams:
     """The run's sampling, as the hub leases it in every PromptBatch."""
     return m.SamplingParams(temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens)
@@ -117,7 +134,7 @@ class Dispatcher:
             return
         shares = self._current_shares([p.instance for p in gens], now)
         by_name = {p.instance: p for p in gens}
-        batch = self.cfg.generator.prompts_per_request
+        batch = self.ledger.refill.lease(lease_base(self.cfg), self.ledger.refill_ahead)
         held = self.ledger.leases.held_by()
         for name, count in allocate(gens, shares, held, available, batch).items():
             peer = by_name[name]

@@ -73,6 +73,12 @@ class Refill:
             return 1.0
         return min(1.0 / max(self.signal_rate(), 1e-9), 1.0 + self.max_refill_ratio)
 
+    def lease(self, base: int, ahead: bool) -> int:
+        """Prompts one lease holds: `base` (a step's prompts), and with `ahead` the
+        replacements they are expected to need, so both are generated in one batch:
+        ceil(base x per_slot)."""
+        return math.ceil(base * self.per_slot() - 1e-9) if ahead else base
+
     def need(self) -> int:
         """Groups the next step waits for: its slots not held by holes (at least one)."""
         return max(1, self.groups_per_step - self.holes)

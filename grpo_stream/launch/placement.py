@@ -30,6 +30,7 @@ from typing import Literal
 from grpo_stream.config import RunConfig
 from grpo_stream.hardware.device import DeviceFingerprint
 from grpo_stream.hardware.plan import GIB, PlanError, memory_needs, plan_roles
+from grpo_stream.hub.dispatch import lease_base
 
 Mode = Literal["plan", "manual", "colocated", "none"]
 DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -207,7 +208,7 @@ def _plan(cfg: RunConfig, hosts: Sequence[HostDevices], params: int) -> Placemen
             params,
             cfg.trainer.ranks,
             settings=cfg.hardware,
-            base_credits=cfg.generator.prompts_per_request,
+            base_credits=lease_base(cfg),
         )
     except PlanError as exc:
         raise PlacementError(f"run.placement = plan: {exc} (trainer.ranks, model.params)") from None

@@ -28,6 +28,7 @@ Importing this module does not import vLLM; every function that needs it imports
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -179,6 +180,19 @@ def version_runs(completion: Any) -> list[tuple[int, int]]:
         if span.end > span.start and (not runs or runs[-1][1] != version):
             runs.append((int(span.start), version))
     return runs
+
+
+def capacity(llm: Any, max_tokens: int) -> int:
+    """Sequences an AsyncLLM runs at once: its scheduler's max_num_seqs, or the sequences
+    whose blocks fit its KV cache (the completion's blocks and one for the prompt), the
+    fewer; at least 1. Both sizes are the engine's after start-up (its KV blocks counted)."""
+    config = llm.vllm_config
+    seqs = int(config.scheduler_config.max_num_seqs)
+    blocks = config.cache_config.num_gpu_blocks
+    if blocks:
+        block = int(config.cache_config.block_size)
+        seqs = min(seqs, int(blocks) // (math.ceil(max_tokens / block) + 1))
+    return max(1, seqs)
 
 
 def is_dead(llm: Any) -> bool:

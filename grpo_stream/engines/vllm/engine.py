@@ -188,6 +188,11 @@ class VLLMEngine:
         """Requests submitted and not finished."""
         return len(self._loop.requests)
 
+    def capacity(self, max_tokens: int) -> int:
+        """Sequences the engine runs at once: vLLM's max_num_seqs, or fewer when its KV cache
+        holds fewer sequences of `max_tokens` completion tokens and one prompt block."""
+        return compat.capacity(self.llm, max_tokens)
+
     def take_finished(self, timeout_s: float = 0.0) -> list[tuple[Hashable, GroupSample, float]]:
         """(key, group, seconds from submission) of every request finished by now, waiting up
         to `timeout_s` for the first. Raises VLLMEngineDied when the engine core died."""

@@ -30,6 +30,7 @@ import zmq
 
 from grpo_stream.config import RunConfig
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
+from grpo_stream.hub.dispatch import largest_lease
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.digest import payload_digest
 from grpo_stream.protocols.payloads import PayloadRequest, RolloutMeta
@@ -131,9 +132,7 @@ def store_capacity(cfg: RunConfig) -> int:
     staleness gate's pipeline and the replay buffer), plus what it is generating."""
     hub = cfg.hub
     return (
-        hub.replay.capacity
-        + hub.groups_per_step * (hub.max_staleness + 2)
-        + 2 * cfg.generator.prompts_per_request
+        hub.replay.capacity + hub.groups_per_step * (hub.max_staleness + 2) + 2 * largest_lease(cfg)
     )
 
 

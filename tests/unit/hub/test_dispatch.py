@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-from grpo_stream.hub.dispatch import allocate
-from grpo_stream.hub.registry import Peer
+from grpo_stream.config import config_from_dict
+from grpo_stream.config.hardware import HardwareSettings
+from grpo_stream.config.tasks import TaskSettings
+from grpo_stream.hub.dispatch import Dispatcher, allocate, largest_lease, lease_base
+from grpo_stream.hub.ledger import Ledger
+from grpo_stream.hub.registry import Peer, Registry
+from grpo_stream.hub.shares import ShareBook
+from grpo_stream.protocols import messages as m
+from grpo_stream.tasks import make_task
 
 SHARES = {"fast": 0.75, "slow": 0.25}  # fast is 3x as fast
 
@@ -76,3 +83,40 @@ def test_with_a_thousand_generators_each_idle_one_gets_a_batch_fastest_first() -
     shares = {f"g{i}": (2.0 if i % 2 else 1.0) for i in range(1000)}
     got = allocate(gens, shares, Counter(), 500, batch=1)
     assert got == {f"g{i}": 1 for i in range(1, 1000, 2)}
+
+
+def test_a_lease_is_a_steps_prompts_unless_prompts_per_request_says_otherwise() -> None:
+    assert lease_base(config_from_dict({"hub": {"groups_per_step": 12}})) == 12
+    fixed = {"hub": {"groups_per_step": 12}, "generator": {"prompts_per_request": 5}}
+    assert lease_base(config_from_dict(fixed)) == 5
+
+
+def test_the_largest_lease_holds_a_step_whose_every_group_is_refilled_when_planned_ahead() -> None:
+    ahead = {"hub": {"groups_per_step": 16, "max_refill_ratio": 1.5, "refill_ahead": True}}
+    assert largest_lease(config_from_dict(ahead)) == 40  # 16 x (1 + 1.5)
+    unfiltered = {**ahead, "algo": {"advantage": {"filter_zero_signal": False}}}
+    assert largest_lease(config_from_dict(unfiltered)) == 16
+    not_ahead = {"hub": {"groups_per_step": 16, "max_refill_ratio": 1.5, "refill_ahead": False}}
+    assert largest_lease(config_from_dict(not_ahead)) == 16
+
+
+def test_planned_ahead_a_lease_carries_a_steps_prompts_and_their_replacements() -> None:
+    cfg = config_from_dict({"hub": {"groups_per_step": 16, "refill_ahead": True}})
+    ledger = Ledger(16, 1, 10.0, max_refill_ratio=2.0, refill_ahead=True)
+    for had_signal in [True, True, True, False]:  # a quarter of the groups without signal
+        ledger.refill.observe(had_signal)
+    registry = Registry(heartbeat_timeout_s=10.0)
+    for name in ("a", "b"):  # equally fast: the leases split the gate's prompts
+        registry.register(peer(name, 96), now=0.0)
+    sent: list[m.PromptBatch] = []
+    dispatcher = Dispatcher(
+        cfg,
+        ledger,
+        registry,
+        ShareBook(HardwareSettings()),
+        make_task(TaskSettings()),
+        lambda identity, msg: sent.append(msg) if isinstance(msg, m.PromptBatch) else None,
+    )
+    dispatcher.generators(now=0.0)
+    # the gate lets out 32 slots / 0.75 = 42; a lease holds ceil(16 / 0.75) = 22 of them
+    assert sorted(len(b.prompts) for b in sent) == [20, 22]

@@ -226,3 +226,24 @@ def test_desk_waits_for_a_full_step_while_refills_last() -> None:
 def test_config_bounds_the_refill_ratio() -> None:
     with pytest.raises(ConfigError, match="max_refill_ratio"):
         config_from_dict({"hub": {"max_refill_ratio": -1}})
+
+
+def test_ahead_a_lease_holds_a_steps_prompts_and_their_expected_replacements() -> None:
+    lg = ledger(ratio=1.0, staleness=1, ahead=True)
+    for had_signal in [True, True, True, False]:  # a quarter of the groups without signal
+        lg.refill.observe(had_signal)
+    assert lg.refill.lease(16, ahead=True) == 22  # ceil(16 / 0.75)
+    assert lg.refill.lease(16, ahead=False) == 16
+    capped = ledger(ratio=0.25, staleness=1, ahead=True)
+    for had_signal in [True, False, False, False]:
+        capped.refill.observe(had_signal)
+    assert capped.refill.lease(16, ahead=True) == 20  # 4 per slot, capped at 1 + 0.25
+
+
+def test_ahead_once_the_steps_refills_are_used_a_lease_is_a_steps_prompts() -> None:
+    lg = ledger(ratio=0.25, staleness=1, ahead=True)
+    for had_signal in [True, False]:
+        lg.refill.observe(had_signal)
+    ids = generate_and_score(lg, 2)
+    assert lg.drop_zero_signal(ids[0])  # the step's one refill is used
+    assert lg.refill.lease(16, ahead=True) == 16

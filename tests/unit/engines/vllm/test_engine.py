@@ -137,6 +137,17 @@ def test_each_request_comes_back_when_it_is_done_not_with_the_others(
     assert vllm_engine.running == 0
 
 
+def test_the_capacity_is_max_num_seqs_unless_the_kv_cache_holds_fewer_sequences(
+    vllm_engine: Any,
+) -> None:
+    """The generator's credits follow it (services.credits): short completions fill
+    max_num_seqs; a completion whose blocks take half the KV cache runs alone."""
+    config = vllm_engine.llm.vllm_config
+    assert vllm_engine.capacity(8) == config.scheduler_config.max_num_seqs
+    half = config.cache_config.num_gpu_blocks * config.cache_config.block_size // 2
+    assert vllm_engine.capacity(half) == 1
+
+
 # ---- weights ----------------------------------------------------------------------------
 
 
