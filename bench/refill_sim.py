@@ -39,8 +39,13 @@ class SimSettings:
     """Prompts a generator leases at once (generator.prompts_per_request)."""
     gen_s: float = 0.01
     """Simulated seconds one generator takes per prompt."""
+    batch_s: float = 0.0
+    """Simulated seconds one generator takes per lease besides its prompts (a batched
+    engine's fixed cost: prefill and decoding steps run for the whole batch)."""
     train_s: float = 0.2
     """Simulated seconds of one trainer step."""
+    train_group_s: float = 0.0
+    """Simulated seconds the trainer takes per group of a step, besides train_s."""
     steps: int = 100
     seed: int = 0
 
@@ -123,7 +128,7 @@ class Sim:
             if min_version <= self.version:  # a real generator waits for these weights
                 del self.waiting[gen]
                 self.batches[gen] = (ids, self.version)
-                self._at(now + len(ids) * self.s.gen_s, "generated", gen)
+                self._at(now + self.s.batch_s + len(ids) * self.s.gen_s, "generated", gen)
 
     def _generated(self, gen: int) -> None:
         ids, version = self.batches.pop(gen)
@@ -151,9 +156,10 @@ class Sim:
             before = len(self.sent)
             self.desk.serve()
             if len(self.sent) > before:  # the step went out: the trainer trains it
-                self.result.step_groups.append(len(np.asarray(self.sent[-1].group_ids)))
+                groups = len(np.asarray(self.sent[-1].group_ids))
+                self.result.step_groups.append(groups)
                 self.result.waits.append(now - asked)
-                self._at(now + self.s.train_s, "trained")
+                self._at(now + self.s.train_s + groups * self.s.train_group_s, "trained")
             if not self.events:
                 raise RuntimeError(f"simulation stalled at step {len(self.result.step_groups)}")
             now, _, kind, who = heapq.heappop(self.events)

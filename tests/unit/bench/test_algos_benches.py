@@ -35,6 +35,18 @@ def test_refill_fills_every_step_without_more_wait_when_generators_have_room(loa
     assert refill.counters["refilled"] > 0 and only.counters["refilled"] == 0
 
 
+def test_with_a_batched_engine_planning_ahead_makes_the_trainer_wait_less(load) -> None:
+    """A lease costs its generator a fixed time besides its prompts: replacements leased once
+    the losses are known pay it again, planned ones ride in the step's lease."""
+    sim = load("refill_sim")
+    settings = sim.SimSettings(
+        zero_signal=0.5, gen_s=0.005, batch_s=0.06, train_s=0.2, steps=120, batch=64
+    )
+    when_known, ahead = sim.simulate(2.0, settings), sim.simulate(2.0, settings, ahead=True)
+    assert ahead.full_share(16) > 0.95 and when_known.full_share(16) == 1.0
+    assert ahead.mean_wait() < 0.5 * when_known.mean_wait()
+
+
 def test_past_the_bound_refill_runs_steps_short_and_generates_at_most_its_ratio(load) -> None:
     sim = load("refill_sim")
     settings = sim.SimSettings(zero_signal=0.8, gen_s=0.002, steps=60)
