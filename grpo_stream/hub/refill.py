@@ -7,13 +7,15 @@ step served) its slot is refilled: a new prompt takes it. Past that bound (the s
 condition) its slot stays empty, a hole, and the next step is served short by it. A whole
 step's worth of holes is dropped as one empty step, so the gate never closes on holes alone.
 
-By default a loss is replaced when it is known. With `hub.refill_ahead` the gate also lets
-out 1 / signal_rate prompts per slot (at most 1 + max_refill_ratio) while refills are left, so
-replacements ride in the batch that loses them. In bench.refill_sim, where a prompt costs its
-generator a fixed time, planning ahead made the trainer wait 0.010 s a 0.2 s step against
-0.000 and let 39 groups go stale against none (zero-signal rate 0.25): it pays only where a
-few more prompts in a batch cost little (batched generation on a CPU), see
-bench.dynamic_sampling.
+With `hub.refill_ahead` (the default) the gate lets out 1 / signal_rate prompts per slot (at
+most 1 + max_refill_ratio) while refills are left, and a lease holds a step's prompts with
+those expected replacements (`lease`), so replacements ride in the batch that loses them;
+losses beyond the plan are still replaced when known. Without it a loss is replaced only when
+known, in a lease of its own. Planning ahead pays where one more prompt in a batch costs less
+than another batch (hf generation; bench.dynamic_sampling); where a prompt costs its
+generator a fixed time, it only adds surplus groups that go stale (bench.refill_sim: 0.010 s
+of trainer wait a 0.2 s step against 0.000, 39 stale groups against none, zero-signal
+rate 0.25).
 
 Invariants: 0 <= holes < groups_per_step; used <= budget(); the signal rate is the share of
 the last `SIGNAL_WINDOW_STEPS` steps' worth of scored groups that had signal (1.0 before
