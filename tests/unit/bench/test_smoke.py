@@ -50,6 +50,9 @@ NOT_RUN = {
     "vllm_stream": "needs vLLM: smoke-run by tests/unit/engines/vllm/test_bench.py (-m gpu)",
     "vs_trl": "needs TRL (the bench extra): smoke-run (the workload matrix's) by "
     "tests/unit/bench/test_vs_trl_matrix.py when TRL is installed",
+    "time_to_reward": "minutes of both sides and needs TRL: smoke-run by "
+    "tests/unit/bench/test_time_to_reward.py (slow) when TRL is installed",
+    "time_to_reward_runs": "its TRL child, started by bench.time_to_reward",
 }
 """Benches with a `__main__` that this test does not start, each with why."""
 
