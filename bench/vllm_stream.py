@@ -4,15 +4,18 @@
 One workload, three sides, alternating in each of `--repeats` rounds:
 - `stream`: our generator service (real ZeroMQ to a dispatching hub, `bench.vllm_stream_parts.
   BenchHub`) on the vllm engine (AsyncLLM): every prompt its own request, each group sent when
-  done;
+  done, its credits the default (the engine's capacity, `services.credits`) unless
+  `--prompts-per-request` fixes them;
 - `batch`: the same generator's batch loop on `vllm.LLM.generate` per PromptBatch (what the
   vllm engine was before: every group of a batch reaches the hub when the batch's longest
   completion is done);
 - `vllm-alone`: `LLM.generate` on all prompts at once (same prompts, sampling and per-group
   seeds, so every side samples the same completions), no service around it.
 Measured: completion tokens/s (dispatch of the first group to the arrival of the last), and
-per-group latency from dispatch to the hub (p50, p99). The model (`build_model`) has
-long-tailed completion lengths; the lengths each side got are printed.
+per-group latency from dispatch to the hub (p50, p99), and the credits each generator asked
+for. The model (`build_model`) has long-tailed completion lengths; the lengths each side got
+are printed. 256 prompts: more than the stream side's credits hold at start, so how its
+credits keep the engine full counts (at 64, credits that grow to every prompt would pass).
 
 `--part inflight`: the stream side with a stand-in trainer (a thread: waits for
 `--groups-per-step` groups, sleeps `--train-s`, publishes a new version through a real
@@ -63,10 +66,15 @@ PARTS = ("throughput", "inflight", "up")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="vLLM: streaming vs batch, ours vs vLLM alone")
     parser.add_argument("--part", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--prompts-per-request", type=int, default=16, help="generator credits")
+    parser.add_argument(
+        "--prompts-per-request",
+        type=int,
+        default=None,
+        help="generator credits, fixed (default: the engine's capacity, services.credits)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="rounds, sides alternating")
     parser.add_argument("--groups-per-step", type=int, default=8, help="inflight part")
     parser.add_argument("--steps", type=int, default=6, help="inflight part: trainer steps")
@@ -104,7 +112,7 @@ def summary(record: Record) -> dict[str, float]:
         "latency_p50_s": lat[len(lat) // 2], "latency_p99_s": lat[min(len(lat) - 1,
                                                                     int(0.99 * len(lat)))],
         "length_p50": lengths[len(lengths) // 2], "length_p99": lengths[int(0.99 * len(lengths))],
-        "length_max": lengths[-1],
+        "length_max": lengths[-1], "credits_asked": float(record.credits_asked),
     }  # fmt: skip
 
 

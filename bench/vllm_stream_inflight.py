@@ -26,6 +26,9 @@ from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols import messages as m
 
 MODES = ("between", "inflight")
+INFLIGHT_CREDITS = 16
+"""The generator's credits in this part unless --prompts-per-request says: fixed, so the
+requests an update pauses are as many as before credits followed the engine."""
 
 
 class StandInTrainer:
@@ -86,7 +89,8 @@ def inflight(engine: Any, args: argparse.Namespace, path: str, tmp: Path) -> dic
     from grpo_stream.transport.weights import WeightServer
 
     weights = list(load_policy(path, dtype="float32", trainable=False).named_parameters())
-    count = args.steps * args.groups_per_step + 4 * args.prompts_per_request  # in flight at end
+    credits = args.prompts_per_request or INFLIGHT_CREDITS
+    count = args.steps * args.groups_per_step + 4 * credits  # in flight at end
     rows: dict[str, dict[str, float]] = {}
     ctx: zmq.Context[Any] = zmq.Context()
     try:
@@ -98,7 +102,7 @@ def inflight(engine: Any, args: argparse.Namespace, path: str, tmp: Path) -> dic
             server.publish(engine.version, weights)
             engine.enable_inflight((lambda: None) if mode == "inflight" else None)
             paused = len(engine.updater.paused_s)
-            cfg = run_config(args, tmp / f"run-{mode}", inflight=mode == "inflight")
+            cfg = run_config(args, tmp / f"run-{mode}", mode == "inflight", credits)
             peers = m.Endpoints(weights=server.addresses["weights"],
                                 announce=server.addresses["announce"])  # fmt: skip
             start = time.perf_counter()

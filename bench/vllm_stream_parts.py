@@ -9,8 +9,9 @@ stand-in trainer of the in-flight part.
   temperature 1: p50 44, p90 126, p99 196, max 201 of 256). The bench prints the lengths it
   actually got.
 - `BenchHub`: a real ROUTER that says Welcome like the hub, answers credits with PromptBatches
-  of at most `prompts_per_request` prompts (as the hub's dispatch does), and records when each
-  group was dispatched and when its Rollout arrived, and what it carried.
+  of at most a lease's prompts (`lease_base`: a step's, as the hub's dispatch leases them), and
+  records the credits asked for, when each group was dispatched and when its Rollout arrived,
+  and what it carried.
 - `BatchLLM`: `vllm.LLM.generate` on a whole PromptBatch, what `generator.engine = "vllm"` ran
   before (one blocking call per batch; every group of it reaches the hub together).
 """
@@ -32,6 +33,7 @@ from bench.common import TINY_MODEL
 from grpo_stream.config import RunConfig, config_from_dict
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines.streaming import group_seed
+from grpo_stream.hub.dispatch import lease_base
 from grpo_stream.protocols import messages as m
 from grpo_stream.sampling import Completion, GroupSample
 from grpo_stream.transport.sockets import Server, close_context, make_context
@@ -73,6 +75,7 @@ class Record:
     dispatched: dict[int, float] = field(default_factory=dict)  # group id -> when sent
     arrived: dict[int, float] = field(default_factory=dict)  # group id -> Rollout received
     rollouts: dict[int, m.Rollout] = field(default_factory=dict)
+    credits_asked: int = 0  # by the generator, in all
 
     def tokens(self) -> int:
         return sum(len(r.completion_ids) for r in self.rollouts.values())
@@ -105,7 +108,7 @@ class BenchHub:
 
     def _loop(self) -> None:
         credits, cursor, lease, peer = 0, 0, 0, b""
-        batch = self.cfg.generator.prompts_per_request
+        batch = lease_base(self.cfg)
         while not self._stop.is_set():
             got = self._server.recv(2)
             if got is not None:
@@ -118,6 +121,7 @@ class BenchHub:
                         policy_version=0))  # fmt: skip
                 elif isinstance(msg, m.WorkRequest):
                     credits += msg.credits
+                    self.record.credits_asked += msg.credits
                 elif isinstance(msg, m.Rollout):
                     self.record.arrived[msg.group_id] = time.perf_counter()
                     self.record.rollouts[msg.group_id] = msg
@@ -198,12 +202,16 @@ class BatchLLM:
         """The bench shuts the LLM down."""
 
 
-def run_config(args: argparse.Namespace, run_dir: Path, inflight: bool = False) -> RunConfig:
+def run_config(
+    args: argparse.Namespace, run_dir: Path, inflight: bool = False, credits: int | None = None
+) -> RunConfig:
+    """The generator's run: vllm, the workload's G and length; its credits `credits`, else
+    --prompts-per-request, else (unset) the engine's capacity (services.credits)."""
     return config_from_dict({
         "run": {"run_dir": str(run_dir), "seed": 0},
         "generator": {"engine": "vllm", "group_size": args.group_size,
                       "max_tokens": args.max_tokens, "inflight_updates": inflight,
-                      "prompts_per_request": args.prompts_per_request},
+                      "prompts_per_request": credits or args.prompts_per_request},
         "trainer": {"micro_batch_tokens": 4 * (args.max_tokens + 64)},
         "transport": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 10.0},
     })  # fmt: skip

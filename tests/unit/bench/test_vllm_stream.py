@@ -25,7 +25,8 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 def test_defaults_are_the_long_tailed_workload_and_smoke_is_tiny(bench: ModuleType) -> None:
     args = bench.parse_args([])
-    assert (args.max_tokens, args.group_size, args.prompts) == (256, 8, 64)
+    assert (args.max_tokens, args.group_size, args.prompts) == (256, 8, 256)
+    assert args.prompts_per_request is None  # the default credits: the engine's capacity
     assert args.out == REPO / "bench" / "results" / "vllm_stream.json"
     smoke = bench.parse_args(["--smoke"])
     assert smoke.prompts * smoke.group_size * smoke.max_tokens <= 8 * 4 * 32
