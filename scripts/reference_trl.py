@@ -128,7 +128,7 @@ TRL_GRPO: dict[str, Mapping] = {
     "vespo_lambda_neg": ("", "no equivalent: no VESPO loss"),
     "importance_sampling_level": (
         "algo.loss.off_policy",
-        "token level only; off_policy picks the correction",
+        "the PPO ratio is per token; the importance weight may be per sequence (seq_tis)",
     ),
     "reward_weights": ("task.rewards[].weight", "one weight per reward component"),
     "multi_objective_aggregation": (
@@ -161,14 +161,19 @@ TRL_GRPO: dict[str, Mapping] = {
     ),
     "vllm_importance_sampling_correction": (
         "algo.loss.off_policy",
-        "always corrected: behaviour (default), tis or decoupled",
+        "always corrected: behaviour (default), tis, decoupled, icepop or seq_tis",
     ),
     "vllm_importance_sampling_mode": (
         "algo.loss.off_policy",
-        "per token: tis truncates, decoupled masks",
+        "token_truncate: tis; token_mask: decoupled (icepop with a lower edge too); "
+        "sequence_truncate: seq_tis; sequence_mask: algo.loss.seq_mask, on the geometric or "
+        "arithmetic mean of the token ratios rather than their product",
     ),
     "vllm_importance_sampling_clip_max": ("algo.loss.is_cap", ""),
-    "vllm_importance_sampling_clip_min": ("", "no equivalent: no lower bound on the weight"),
+    "vllm_importance_sampling_clip_min": (
+        "algo.loss.is_floor",
+        "the lower edge of icepop's band; tis truncates from above only",
+    ),
     "off_policy_mask_threshold": (
         "algo.loss.behaviour_clip",
         "masks the tokens where the clip around the behaviour policy binds",

@@ -15,16 +15,22 @@ log-probs at the start of the step (the proximal policy pi_prox), u = exp(p - b)
     tis        a = p,              w = min(u, is_cap)           (truncated IS)
     decoupled  a = p,              w = u if u <= is_cap else 0  (AReaL's decoupled PPO,
                                                                  weight capped by masking)
+    icepop     a = p,              w = u if is_floor <= u <= is_cap else 0
+    seq_tis    a = p,              w = min(prod_t u_t, is_cap), one weight per sequence
     behaviour  a = b,              w = 1                        (PPO around pi_behaviour)
     none       a = logp.detach(),  w = 1                        (plain policy gradient)
 
-With `behaviour_clip` (tis or decoupled only) w is also 0 where behaviour's clip binds,
+and `seq_mask` (weighted modes only) sets w = 0 on every token of a sequence whose geometric
+or arithmetic mean of u lies outside [seq_mask_low, seq_mask_high]. The weights and their
+definitions are `grpo_stream.algo.importance`'s.
+
+With `behaviour_clip` (weighted modes only) w is also 0 where behaviour's clip binds,
 rho = exp(logp - b) detached: rho > 1 + eps_high with A > 0, or rho < 1 - eps_low with A < 0.
 Both trust regions then hold, the one around pi_prox (this batch's updates) and the one
 around pi_behaviour (the drift since sampling); with one update per batch the gradient is
 behaviour's, u A grad(logp) off its clipped tokens, with u truncated at is_cap.
 
-tis and decoupled need `trainer_old_logp`. With one optimizer step per batch pi_prox is the
+The weighted modes need `trainer_old_logp`. With one optimizer step per batch pi_prox is the
 policy being differentiated, so r = 1 in value and the clip never binds: all the
 off-policy correction is in w, which also absorbs any generator/trainer numeric mismatch.
 With several updates per batch (trainer.minibatches, pi_prox fixed at the batch's start) r
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo_stream.algo.importance import Weights, weights
 from grpo_stream.config.algo import LossSettings
 
 
@@ -114,13 +121,6 @@ def _metrics(
     return dict(zip(values.keys(), numbers, strict=True))
 
 
-def importance_weight(
-    trainer_old_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """u = pi_prox / pi_behaviour per token (B, T), detached; 1 outside `mask`."""
-    return torch.exp(torch.where(mask, trainer_old_logp - old_logp, 0.0)).detach()
-
-
 def behaviour_clipped(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -137,30 +137,25 @@ def behaviour_clipped(
     return (high | low) & mask
 
 
-def _anchor_and_weight(
+def _anchor_and_weights(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     trainer_old_logp: torch.Tensor | None,
     mask: torch.Tensor,
     settings: LossSettings,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The ratio's anchor log-probs, the per-token weight and where u > is_cap (both None:
-    no weight)."""
+) -> tuple[torch.Tensor, Weights | None]:
+    """The ratio's anchor log-probs and the importance weights (None: no weight)."""
     mode = settings.off_policy
     if mode == "behaviour":
-        return old_logp, None, None
+        return old_logp, None
     if mode == "none":
-        return logp.detach(), None, None
+        return logp.detach(), None
     if trainer_old_logp is None:
         raise ValueError(
             f"loss.off_policy={mode!r} needs trainer_old_logp (the trainer's log-probs at the "
             "start of the step)"
         )
-    raw = importance_weight(trainer_old_logp, old_logp, mask)
-    over = raw > settings.is_cap
-    if mode == "tis":
-        return trainer_old_logp, raw.clamp(max=settings.is_cap), over
-    return trainer_old_logp, torch.where(over, 0.0, raw), over
+    return trainer_old_logp, weights(trainer_old_logp, old_logp, mask, settings)
 
 
 def grpo_loss(
@@ -184,26 +179,31 @@ def grpo_loss(
     `max_tokens` is required with dr_grpo; `num_seqs_total` / `num_tokens_total` default
     to this call's own counts.
 
-    Metrics: clip_frac_low, clip_frac_high, clip_frac, ratio_mean, is_trunc_frac, num_tokens,
-    plus dual_clip_frac (dual clip on), behaviour_clip_frac (behaviour_clip on: the tokens it
-    zeroes), kl (ref_logp given), entropy (entropy given).
+    Metrics: clip_frac_low, clip_frac_high, clip_frac, ratio_mean, is_trunc_frac (the tokens
+    the mode truncated or masked), num_tokens, plus dual_clip_frac (dual clip on),
+    behaviour_clip_frac (behaviour_clip on: the tokens it zeroes), seq_mask_frac (seq_mask
+    on: the tokens of the sequences it dropped), kl (ref_logp given), entropy (entropy
+    given).
     """
     if settings.beta > 0 and ref_logp is None:
         raise ValueError("loss.beta > 0 needs ref_logp (the frozen reference's log-probs)")
     mask = mask.bool()
     adv = advantages.to(logp.dtype)  # (B, T) per token, or (B,) -> (B, 1)
     adv = adv if adv.dim() == 2 else adv[:, None]
-    anchor, weight, over = _anchor_and_weight(logp, old_logp, trainer_old_logp, mask, settings)
+    anchor, w = _anchor_and_weights(logp, old_logp, trainer_old_logp, mask, settings)
     ratio = torch.exp(torch.where(mask, logp - anchor, 0.0))  # (B, T)
     per_token = _surrogate(ratio, adv, settings)
     extra: dict[str, torch.Tensor] = {}
-    if weight is not None and over is not None:
+    if w is not None:
+        weight = w.weight
         if settings.behaviour_clip:
             outside = behaviour_clipped(logp, old_logp, adv, mask, settings)
             weight = torch.where(outside, 0.0, weight)
             extra["behaviour_clip_frac"] = outside
+        if settings.seq_mask != "none":
+            extra["seq_mask_frac"] = w.dropped
         per_token = per_token * weight
-        extra["is_trunc_frac"] = over
+        extra["is_trunc_frac"] = w.cut
     else:
         extra["is_trunc_frac"] = torch.zeros_like(mask)
     if ref_logp is not None:

@@ -30,6 +30,12 @@ class AdvantageSettings(BaseModel):
     difference beyond the noise on that task, so the learning argument decides."""
 
 
+OffPolicy = Literal["tis", "decoupled", "icepop", "seq_tis", "behaviour", "none"]
+"""The off-policy corrections (`LossSettings.off_policy`)."""
+WEIGHTED = ("tis", "decoupled", "icepop", "seq_tis")
+"""The off_policy modes that weigh tokens from pi_prox / pi_behaviour."""
+
+
 class LossSettings(BaseModel):
     """The clipped surrogate, KL penalty and aggregation."""
 
@@ -41,23 +47,42 @@ class LossSettings(BaseModel):
     """Upper clip range (DAPO clip-higher): the ratio is clipped at 1 + eps_high."""
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip constant c (> 1) bounding the loss for negative advantages; None disables it."""
-    off_policy: Literal["tis", "decoupled", "behaviour", "none"] = "behaviour"
-    """Off-policy correction. For tis and decoupled the trainer takes pi_prox, its own
-    log-probs at the start of the batch (from its with-grad forward when that is deterministic
-    and there is one update per batch, else one no-grad forward); PPO ratio and clip are then
-    taken against pi_prox and each token is weighted by w = pi_prox / pi_behaviour (detached):
-    tis truncates w at is_cap, decoupled (AReaL) drops tokens with w > is_cap (w = 0 there).
-    behaviour: ratio and clip against the behaviour log-probs, no weight, no extra forward.
-    none: plain policy gradient, no ratio to any old policy and no weight (for comparison).
-    Default behaviour: the best at staleness 4 in bench.off_policy with one update per batch;
-    with trainer.minibatches > 1 tis kept more of the on-policy gain (docs/guide/off-policy.md)."""
+    off_policy: OffPolicy = "behaviour"
+    """Off-policy correction. The weighted modes (tis, decoupled, icepop, seq_tis) take
+    pi_prox, the trainer's own log-probs at the start of the batch (from its with-grad forward
+    when that is deterministic and there is one update per batch, else one no-grad forward);
+    PPO ratio and clip are then taken against pi_prox and each token is weighted from
+    u = pi_prox / pi_behaviour (detached): tis truncates u at is_cap; decoupled (AReaL) drops
+    tokens with u > is_cap; icepop drops tokens with u outside [is_floor, is_cap]; seq_tis
+    gives every token of a sequence its sequence's ratio (the product of its u) truncated at
+    is_cap (grpo_stream.algo.importance). behaviour: ratio and clip against the behaviour
+    log-probs, no weight, no extra forward. none: plain policy gradient, no ratio to any old
+    policy and no weight (for comparison). Default behaviour: the best at staleness 4 in
+    bench.off_policy with one update per batch; with trainer.minibatches > 1 tis kept more of
+    the on-policy gain (docs/guide/off-policy.md)."""
     is_cap: float = Field(2.0, gt=0)
-    """Cap of the importance weight pi_prox / pi_behaviour (tis truncates, decoupled masks)."""
+    """C: the cap of the importance weight (tis and seq_tis truncate at it, decoupled and
+    icepop drop the tokens above it)."""
+    is_floor: float | None = Field(None, gt=0)
+    """icepop: the lower edge of the band of kept tokens, [is_floor, is_cap]; None: 1 / is_cap
+    (the band [1/k, k])."""
+    seq_mask: Literal["none", "geometric", "arithmetic"] = "none"
+    """With a weighted off_policy mode: drop whole sequences whose ratio statistic lies outside
+    [seq_mask_low, seq_mask_high], the geometric mean exp(mean log u) or the arithmetic mean
+    mean u of the sequence's token ratios (none: no sequence mask)."""
+    seq_mask_low: float = Field(0.8, gt=0)
+    """seq_mask: a sequence whose statistic is below this is dropped. The default band
+    [0.8, 1.25] drops the tail of stale data (in bench.off_policy at staleness 4, one seed,
+    [0.9, 1.1] dropped 20-40% of the tokens by step 40); data off by numerics alone sits much
+    closer to 1 (the peers use bands like [0.999, 1.001] there)."""
+    seq_mask_high: float = Field(1.25, gt=0)
+    """seq_mask: a sequence whose statistic is above this is dropped."""
     behaviour_clip: bool = False
-    """With tis or decoupled: also give no loss to the tokens where behaviour's clip binds
-    (pi_theta / pi_behaviour above 1 + eps_high with A > 0, below 1 - eps_low with A < 0), so
-    the weight and the trust region around pi_prox come with behaviour's trust region around
-    the data's own policy. With one update per batch: behaviour with its weight truncated."""
+    """With a weighted off_policy mode: also give no loss to the tokens where behaviour's clip
+    binds (pi_theta / pi_behaviour above 1 + eps_high with A > 0, below 1 - eps_low with
+    A < 0), so the weight and the trust region around pi_prox come with behaviour's trust
+    region around the data's own policy. With one update per batch: behaviour with its weight
+    truncated."""
     beta: float = Field(0.0, ge=0)
     """Weight of the k3 KL to the frozen reference; 0 loads no reference model."""
     aggregation: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
@@ -70,9 +95,27 @@ class LossSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> LossSettings:
-        if self.behaviour_clip and self.off_policy not in ("tis", "decoupled"):
-            raise ValueError("loss.behaviour_clip needs loss.off_policy tis or decoupled")
+        weighted = ", ".join(WEIGHTED)
+        if self.behaviour_clip and not self.weighted:
+            raise ValueError(f"loss.behaviour_clip needs loss.off_policy in {weighted}")
+        if self.seq_mask != "none" and not self.weighted:
+            raise ValueError(f"loss.seq_mask needs loss.off_policy in {weighted}")
+        if self.seq_mask_low >= self.seq_mask_high:
+            raise ValueError(
+                f"loss.seq_mask_low ({self.seq_mask_low}) must be below loss.seq_mask_high "
+                f"({self.seq_mask_high})"
+            )
+        if self.is_floor is not None and self.is_floor >= self.is_cap:
+            raise ValueError(
+                f"loss.is_floor ({self.is_floor}) must be below loss.is_cap ({self.is_cap})"
+            )
         return self
+
+    @property
+    def weighted(self) -> bool:
+        """Whether off_policy weighs tokens by pi_prox / pi_behaviour: the trainer then needs
+        pi_prox (its log-probs at the start of the step)."""
+        return self.off_policy in WEIGHTED
 
     def chunk_for(self, length: int, vocab: int) -> int:
         """Sequences per log-prob chunk for sequences of `length` tokens and a `vocab`."""

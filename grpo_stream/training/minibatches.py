@@ -5,8 +5,9 @@ batch has fewer than K rows); each is one optimizer step of its own: forward and
 over its micro-batches, normalised by the minibatch's own totals, then the rollback guard,
 the regularizer and AdamW, exactly as a one-minibatch step. What holds the K steps together:
 
-- pi_prox (algo.loss.off_policy = tis | decoupled) is computed once per batch, for every
-  minibatch, from the weights at the start of the batch, before the first update
+- pi_prox (a weighted algo.loss.off_policy: tis, decoupled, icepop, seq_tis) is computed
+  once per batch, for every minibatch, from the weights at the start of the batch, before
+  the first update
   (`TrainState._proximal`); so from minibatch 2 on the ratio pi_theta / pi_prox moves away
   from 1 and the clip binds, which one update per batch never lets it do.
 - The batch is the unit the rest of the system sees: step, policy version and lr schedule

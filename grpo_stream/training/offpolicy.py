@@ -1,14 +1,15 @@
 """The trainer's side of the off-policy correction: pi_prox and the mismatch metrics.
 
-`proximal_logprobs` is the extra forward of `algo.loss.off_policy` = tis | decoupled: the
-trainer's own log-probs of a micro-batch under its weights at the start of the step, without
-grad. The weights do not change between the micro-batches of one optimizer step (it steps
-once, after all of them), so computing it micro-batch by micro-batch gives exactly the
-start-of-step values, whatever the micro-batching. With one update per batch
-(trainer.minibatches = 1) and a deterministic forward (`deterministic_forward`: no dropout)
-those values are the with-grad forward's own log-probs, detached, so the trainer takes them
-from there and runs no extra forward; with dropout on, or from the second minibatch on
-(training/minibatches.py: computed once per batch before the first update), it runs.
+`proximal_logprobs` is the extra forward of a weighted `algo.loss.off_policy` (tis,
+decoupled, icepop, seq_tis): the trainer's own log-probs of a micro-batch under its weights at
+the start of the step, without grad. The weights do not change between the micro-batches of
+one optimizer step (it steps once, after all of them), so computing it micro-batch by
+micro-batch gives exactly the start-of-step values, whatever the micro-batching. With one
+update per batch (trainer.minibatches = 1) and a deterministic forward
+(`deterministic_forward`: no dropout) those values are the with-grad forward's own
+log-probs, detached, so the trainer takes them from there and runs no extra forward; with
+dropout on, or from the second minibatch on (training/minibatches.py: computed once per
+batch before the first update), it runs.
 
 `OffPolicyMeter` gathers, over one step's micro-batches, what users watch for train/inference
 mismatch and staleness:

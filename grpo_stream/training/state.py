@@ -3,8 +3,9 @@
 One step: TrainBatch -> padded tensors -> for each micro-batch: token log-probs (with grad),
 GRPO loss normalised by the whole batch's totals, backward (gradients accumulate) ->
 rollback guard check -> gradient regularizer (global norm) -> AdamW step -> version + 1 ->
-restore point (every rollback.snapshot_every steps). With algo.loss.off_policy = tis or
-decoupled each micro-batch first gets pi_prox, a no-grad forward (training/offpolicy.py).
+restore point (every rollback.snapshot_every steps). With a weighted algo.loss.off_policy
+(tis, decoupled, icepop, seq_tis) each micro-batch first gets pi_prox, a no-grad forward
+(training/offpolicy.py).
 A non-finite loss, gradient or norm, or an exploding norm, skips the optimizer step and
 restores the last snapshot; when that goes back past applied steps the version still grows
 (the restored weights are a new version, to publish: `StepResult.republish`).
@@ -242,7 +243,7 @@ class TrainState:
         weights as they are now, before any update of the batch; None each when the loss
         needs none (off_policy behaviour | none)."""
         settings = self.cfg.algo.loss
-        if settings.off_policy not in ("tis", "decoupled"):
+        if not settings.weighted:
             return [None] * len(minis)
         out: list[list[torch.Tensor] | None] = []
         for mini in minis:
@@ -383,7 +384,7 @@ class TrainState:
         temperature = sampling.temperature  # the data's: log-probs of the sampled distribution
         # pi_prox: the weights at the start of the step, no grad (minibatches pass theirs);
         # with a deterministic forward it is this forward's own values (offpolicy.py)
-        wants = prox is None and settings.off_policy in ("tis", "decoupled")
+        wants = prox is None and settings.weighted
         if wants and not deterministic_forward(self.cfg):
             prox = proximal_logprobs(self.model, part, chunk, temperature)
         logp, entropy = sequence_logprobs(model, part, chunk, temperature)

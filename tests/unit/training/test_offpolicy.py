@@ -1,5 +1,5 @@
 """pi_prox without an extra forward: with a deterministic training forward and one update
-per batch the trainer takes tis / decoupled's pi_prox from its with-grad forward; with
+per batch the trainer takes a weighted mode's pi_prox from its with-grad forward; with
 dropout, or several minibatches, the no-grad forward runs."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from grpo_stream.config import load_config
+from grpo_stream.config.algo import WEIGHTED
 from grpo_stream.hub.batches import build_batch
 from grpo_stream.training.offpolicy import deterministic_forward
 
@@ -31,7 +32,7 @@ def forwards_of_one_step(run_dir: Path, *overrides: str, batch: Any = None) -> i
     return calls[0]
 
 
-@pytest.mark.parametrize("mode", ["tis", "decoupled"])
+@pytest.mark.parametrize("mode", WEIGHTED)
 def test_a_deterministic_forward_gives_pi_prox_without_another_forward(
     tmp_path: Path, mode: str
 ) -> None:
@@ -39,10 +40,12 @@ def test_a_deterministic_forward_gives_pi_prox_without_another_forward(
     assert forwards_of_one_step(tmp_path / "t", f'algo.loss.off_policy="{mode}"') == plain
 
 
-def test_with_dropout_the_pi_prox_forward_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", WEIGHTED)
+def test_with_dropout_the_pi_prox_forward_runs(tmp_path: Path, mode: str) -> None:
     drop = ("trainer.dropout=true",)
     plain = forwards_of_one_step(tmp_path / "b", 'algo.loss.off_policy="behaviour"', *drop)
-    assert forwards_of_one_step(tmp_path / "t", 'algo.loss.off_policy="tis"', *drop) == 2 * plain
+    got = forwards_of_one_step(tmp_path / "t", f'algo.loss.off_policy="{mode}"', *drop)
+    assert got == 2 * plain
 
 
 def test_several_minibatches_run_the_pi_prox_forward_once_per_batch(tmp_path: Path) -> None:
