@@ -49,6 +49,15 @@ from bench.common import add_smoke, parse, results_path, save_json
 from bench.off_policy_table import MODES, merged, summarise
 
 EVAL_OFFSET = 1_000_000
+SERIES = (
+    "logp_gap",
+    "is_weight_max",
+    "clip_frac",
+    "is_trunc_frac",
+    "behaviour_clip_frac",
+    "seq_mask_frac",
+)
+"""The step metrics each run keeps, one value per applied step."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="0", help="comma-separated training seeds")
     p.add_argument("--minibatches", type=int, default=1, help="trainer.minibatches")
     p.add_argument("--is-cap", type=float, default=2.0, help="algo.loss.is_cap")
+    p.add_argument("--is-floor", type=float, default=None, help="algo.loss.is_floor")
+    p.add_argument("--seq-mask-low", type=float, default=None, help="algo.loss.seq_mask_low")
+    p.add_argument("--seq-mask-high", type=float, default=None, help="algo.loss.seq_mask_high")
     p.add_argument("--eps-low", type=float, default=0.2, help="algo.loss.eps_low")
     p.add_argument("--eps-high", type=float, default=0.28, help="algo.loss.eps_high")
     p.add_argument(
@@ -91,14 +103,33 @@ SMOKE = ["--steps", "2", "--staleness", "0,1", "--modes", "tis", "--prompts-per-
          "--eval-group", "1"]  # fmt: skip
 
 
+SUFFIXES = {
+    "bclip": ["algo.loss.behaviour_clip=true"],
+    "geo": ['algo.loss.seq_mask="geometric"'],
+    "mean": ['algo.loss.seq_mask="arithmetic"'],
+}
+"""A compared correction's suffix and the settings it adds: the behaviour clip, or the
+sequence mask on the geometric or arithmetic mean of the token ratios."""
+
+
 def mode_settings(mode: str) -> list[str]:
     """The config lines of a compared correction: an `algo.loss.off_policy` value, or
-    VALUE+bclip (that value with `algo.loss.behaviour_clip` on)."""
+    VALUE+SUFFIX (that value with `SUFFIXES[SUFFIX]`: +bclip, +geo, +mean)."""
     base, plus, extra = mode.partition("+")
-    if plus and extra != "bclip":
-        raise ValueError(f"unknown correction {mode!r} (VALUE or VALUE+bclip)")
+    if plus and extra not in SUFFIXES:
+        raise ValueError(f"unknown correction {mode!r} (VALUE or VALUE+{'|'.join(SUFFIXES)})")
     lines = [f"algo.loss.off_policy={json.dumps(base)}"]
-    return lines + (["algo.loss.behaviour_clip=true"] if plus else [])
+    return lines + (SUFFIXES[extra] if plus else [])
+
+
+def band_settings(args: argparse.Namespace) -> list[str]:
+    """The mask bands given on the command line (the settings' defaults otherwise)."""
+    given = {
+        "is_floor": args.is_floor,
+        "seq_mask_low": args.seq_mask_low,
+        "seq_mask_high": args.seq_mask_high,
+    }
+    return [f"algo.loss.{key}={value}" for key, value in given.items() if value is not None]
 
 
 class Sim:
@@ -134,6 +165,7 @@ class Sim:
                 f"algo.loss.is_cap={a.is_cap}",
                 f"algo.loss.eps_low={a.eps_low}",
                 f"algo.loss.eps_high={a.eps_high}",
+                *band_settings(a),
             ],
         )
 
@@ -226,7 +258,8 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, seed: int, run: int
     snapshots: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=staleness + 1)
     recent: deque[list[Any]] = deque(maxlen=reuse - 1) if reuse > 1 else deque(maxlen=0)
     fresh_per_step = max(1, a.prompts_per_step // reuse)
-    cursor, rewards, gaps, weights, clips, bclips = 0, [], [], [], [], []
+    cursor, rewards = 0, []
+    series: dict[str, list[float]] = {key: [] for key in SERIES}
     start = time.perf_counter()
     tries = 0
     while state.step < a.steps and tries < 3 * a.steps:
@@ -245,10 +278,8 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, seed: int, run: int
         result = state.train_step(build_batch(state.step, groups))
         if result.applied:
             rewards.append(sampled_reward)  # of the (stale) policy that sampled this step
-            gaps.append(result.metrics["logp_gap"])
-            weights.append(result.metrics["is_weight_max"])
-            clips.append(result.metrics["clip_frac"])
-            bclips.append(result.metrics.get("behaviour_clip_frac", 0.0))  # +bclip only
+            for key, values in series.items():  # +bclip and the sequence masks only: 0 else
+                values.append(result.metrics.get(key, 0.0))
     seconds = time.perf_counter() - start
     engine.load_weights(state.named_weights(), state.version)
     final = sim.evaluate(engine)
@@ -260,10 +291,7 @@ def run_one(sim: Sim, staleness: int, mode: str, reuse: int, seed: int, run: int
         "steps": state.step,
         "final_reward": final,
         "train_rewards": rewards,
-        "logp_gap": gaps,
-        "is_weight_max": weights,
-        "clip_frac": clips,
-        "behaviour_clip_frac": bclips,
+        **series,
         "rollbacks": state.guard.total,
         "seconds": seconds,
     }
@@ -315,6 +343,7 @@ def main() -> None:
             f"staleness {s} reuse {r} seed {seed} {m:9s} reward {res['final_reward']:.4f} "
             f"gain {res['final_reward'] - initial:+.4f} steps {res['steps']} "
             f"gap {np.mean(res['logp_gap']):.3f} clip {np.mean(res['clip_frac']):.3f} "
+            f"cut {np.mean(res['is_trunc_frac']):.3f} seqmask {np.mean(res['seq_mask_frac']):.3f} "
             f"rollbacks {res['rollbacks']} {res['seconds']:.0f}s",
             flush=True,
         )

@@ -12,9 +12,19 @@ import numpy as np
 
 from bench.common import RESULTS_DIR, environment, results_path, save_json
 
-MODES = ("none", "behaviour", "tis", "decoupled", "tis+bclip")
-"""The corrections compared (`algo.loss.off_policy`; +bclip: with `algo.loss.behaviour_clip`),
-in the table's column order."""
+MODES = (
+    "none",
+    "behaviour",
+    "tis",
+    "decoupled",
+    "tis+bclip",
+    "icepop",
+    "seq_tis",
+    "tis+geo",
+    "tis+mean",
+)
+"""The corrections compared (`algo.loss.off_policy`; +bclip: with `algo.loss.behaviour_clip`;
++geo, +mean: with `algo.loss.seq_mask` geometric, arithmetic), in the table's column order."""
 
 
 def seed_gains(runs: list[dict[str, Any]], initial: float) -> dict[int, float]:

@@ -208,7 +208,8 @@ def test_off_policy_default_grid_is_reduced_and_full_is_the_whole_grid(
     assert len(full) == 4 * len(mod.MODES) * 2 * 2
     for mode in mod.MODES:  # every compared correction is a valid setting
         loss = load_config(None, mod.mode_settings(mode)).algo.loss
-        label = loss.off_policy + ("+bclip" if loss.behaviour_clip else "")
+        mask = {"none": "", "geometric": "+geo", "arithmetic": "+mean"}[loss.seq_mask]
+        label = loss.off_policy + ("+bclip" if loss.behaviour_clip else "") + mask
         assert label == mode
 
 
