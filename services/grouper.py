@@ -33,6 +33,7 @@ from grpo_stream.config import RunConfig
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
 from grpo_stream.hub.batches import step_stats
+from grpo_stream.hub.curriculum import make_source
 from grpo_stream.hub.dispatch import Dispatcher
 from grpo_stream.hub.distill import step_kl
 from grpo_stream.hub.intake import Intake
@@ -91,6 +92,9 @@ class Grouper:
             max_refill_ratio=hub.max_refill_ratio,
             refill_ahead=hub.refill_ahead,
             teach_timeout_s=cfg.teacher.timeout_s,
+        )
+        self.ledger.source = make_source(  # the curriculum, when on: one entry into dispatch
+            hub.curriculum, self.task, cfg.generator.group_size, cfg.run.seed
         )
         self.buffer = ReplayBuffer(
             hub.replay.capacity, hub.replay.reuse, hub.replay.sampling, cfg.run.seed

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from grpo_stream.config.algo import AlgoSettings, check_algo_config
+from grpo_stream.config.curriculum import CurriculumSettings
 from grpo_stream.config.dashboard import DashboardSettings
 from grpo_stream.config.distill import TeacherSettings, check_distill_config
 from grpo_stream.config.envs import EnvSettings, check_env_config, check_verifiers_config
@@ -273,6 +274,8 @@ class HubSettings(BaseModel):
     """Seconds between hub checkpoints (buffer, cursor, leases, counters)."""
     replay: ReplaySettings = ReplaySettings()
     """The experience-replay buffer."""
+    curriculum: CurriculumSettings = CurriculumSettings()
+    """Which prompts go out: all in order, or mostly those whose pass rate promises signal."""
     payloads: Literal["hub", "direct"] = "hub"
     """hub: completions travel through the hub (Rollout, ScoreRequest, TrainBatch). direct:
     each generator serves its Rollouts from a bounded store on its own ROUTER and the hub

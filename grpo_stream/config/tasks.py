@@ -91,6 +91,9 @@ class TaskSettings(BaseModel):
     answer_regex: str | None = None
     """dataset, math: the reference is this regex's first group (or whole match) in the
     answer column, e.g. "####\\s*(.+)$" for GSM8K; math defaults to GSM8K's `####` rule."""
+    family_field: str | None = None
+    """dataset, math: a column naming each problem's family (a difficulty level, a source, a
+    topic); hub.curriculum then keeps one pass rate per family instead of one per prompt."""
     system_prompt: str | None = None
     """dataset, math, reasoning_gym: a system turn before the prompt (needs chat_template)."""
     chat_template: bool = False

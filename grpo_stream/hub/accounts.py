@@ -21,6 +21,7 @@ REPORTED = (
     "duplicates_dropped",
     "refilled",
     "empty_steps",
+    "skipped",
 )
 """Counters `summary` reports besides `dispatched`, TERMINAL and in_progress."""
 

@@ -132,6 +132,7 @@ class Intake:
         if got.failed:
             self.ledger.finish(msg.group_id, "failed")
             return
+        self.ledger.source.observe(msg.group_id, msg.rewards)  # the curriculum's pass rates
         if filtering:
             self.ledger.refill.observe(not got.zero_signal)
         if got.zero_signal and filtering:

@@ -21,6 +21,10 @@ The staleness gate is `grpo_stream.hub.gate`'s arithmetic on the ledger's `pipel
 leases (who holds which groups, and who was issued what) are `grpo_stream.hub.leases`'s, kept
 in `Ledger.leases`.
 
+New group ids come from the ledger's prompt source (`grpo_stream.hub.curriculum`): every
+dataset index in order, or with hub.curriculum the ones its pass rates let out (the others are
+passed over, counted as skipped; `cursor` is the next index the source considers).
+
 Dynamic sampling with refill (`drop_zero_signal`, `grpo_stream.hub.refill`): a group without
 signal is filtered and its slot refilled (it leaves the pipeline, so the gate lets a new
 prompt out in its place) or, past the step's refills, left as a hole that holds its slot
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from grpo_stream.hub.accounts import Accounts
+from grpo_stream.hub.curriculum import PromptSource, Stream
 from grpo_stream.hub.gate import Pipeline
 from grpo_stream.hub.leases import Kind, Lease, LeaseBook
 from grpo_stream.hub.refill import Refill
@@ -62,6 +67,7 @@ class Ledger:
     counters: Accounts = field(default_factory=Accounts)
     refill: Refill = field(init=False)  # slots, refills and holes of dynamic sampling
     versions: PolicyVersions = field(init=False)  # the trainer's version, staleness
+    source: PromptSource = field(default_factory=Stream)  # new indices: in order, or curriculum
 
     def __post_init__(self) -> None:
         self.refill = Refill(self.groups_per_step, self.max_refill_ratio)
@@ -119,8 +125,10 @@ class Ledger:
             ids.append(self.retry.popleft())
             self.counters["redispatched"] += 1
         while len(ids) < count:
-            ids.append(self.cursor)
-            self.cursor += 1
+            gid = self.source.next_index(self.cursor)  # the prompt source may pass some over
+            self.counters["skipped"] += gid - self.cursor
+            ids.append(gid)
+            self.cursor = gid + 1
             self.counters["dispatched"] += 1
         lease = self._lease(holder, "generate", ids, now)
         for gid in ids:

@@ -31,6 +31,7 @@ def ledger_state(ledger: Ledger) -> dict[str, Any]:
         "to_score": list(ledger.to_score),
         "counters": dict(ledger.counters),
         "next_lease": ledger.leases.next_lease,
+        "source": ledger.source.state(),  # the curriculum's pass rates (hub.curriculum)
         **ledger.refill.state(),
     }
 
@@ -45,6 +46,8 @@ def load_ledger(ledger: Ledger, state: dict[str, Any], scored: set[int]) -> None
     ledger.leases.restart(int(state["next_lease"]))
     if "holes" in state:  # checkpoints from before refill have none of its state
         ledger.refill.load_state(state)
+    if "source" in state:  # nor those from before the curriculum of it
+        ledger.source.load_state(state["source"])
     ledger.retry = deque(int(g) for g in state["retry"])
     # only groups whose rollout survived can be scored: the others are generated again
     ledger.to_score = deque(int(g) for g in state["to_score"] if int(g) in scored)

@@ -22,6 +22,8 @@ class Problem:
     index: int
     prompt: str
     reference: dict[str, Any]
+    family: str | None = None
+    """The problem's family as the dataset names it (task.family_field), else None."""
 
 
 @runtime_checkable

@@ -171,6 +171,8 @@ def check_columns(settings: TaskSettings, columns: list[str], where: str) -> Non
         wanted.append(("task.prompt_field", settings.prompt_field))
     else:
         wanted += [("task.prompt_template", f) for f in template_fields(settings.prompt_template)]
+    if settings.family_field is not None:
+        wanted.append(("task.family_field", settings.family_field))
     for setting, name in wanted:
         if name not in columns:
             raise TaskDataError(
@@ -235,7 +237,9 @@ class DatasetTask:
             else fill_template(s.prompt_template, row)
         )
         prompt = render_prompt(text, s, self.tokenizer)
-        return Problem(index=index, prompt=prompt, reference={"answer": self._answer(row, index)})
+        family = None if s.family_field is None else str(row[s.family_field])
+        reference = {"answer": self._answer(row, index)}
+        return Problem(index=index, prompt=prompt, reference=reference, family=family)
 
     def _answer(self, row: dict[str, Any], index: int) -> str:
         text = str(row[self.settings.answer_field])

@@ -9,7 +9,7 @@ held-out prompts, so the two never overlap; both views keep `problem(i)` a pure 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from grpo_stream.config.tasks import RewardSpec
@@ -68,7 +68,7 @@ class HeldOut:
         for t in range(_TRIES):
             problem = self.task.problem(index + t * stride)
             if not held_out(problem.prompt, self.fraction):
-                return Problem(index, problem.prompt, problem.reference)
+                return replace(problem, index=index)
         raise TaskDataError(f"task.holdout {self.fraction}: problem {index} is always held out")
 
     def _eval(self, index: int) -> Problem:
@@ -82,4 +82,4 @@ class HeldOut:
                 f"task.holdout {self.fraction}: none of the first {limit} problems is held out"
             )
         problem = self.task.problem(self._eval_indices[index % len(self._eval_indices)])
-        return Problem(index, problem.prompt, problem.reference)
+        return replace(problem, index=index)

@@ -73,6 +73,22 @@ def test_missing_field_names_the_setting(tmp_path: Path) -> None:
         make_task(TaskSettings(name="math", path=path))
 
 
+def test_family_field_names_each_problems_family(tmp_path: Path) -> None:
+    rows = [{"question": f"{i}+1=", "answer": str(i + 1), "level": f"l{i % 2}"} for i in range(4)]
+    path = _write(tmp_path / "p.jsonl", rows)
+    task = make_task(TaskSettings(name="dataset", dataset=str(path), family_field="level"))
+    for i in range(8):
+        p = task.problem(i)
+        assert p.family == f"l{(int(p.prompt.split('+')[0])) % 2}"
+    assert make_task(TaskSettings(name="dataset", dataset=str(path))).problem(0).family is None
+
+
+def test_a_family_field_that_is_no_column_names_the_setting(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.jsonl", [{"question": "1+1=", "answer": "2"}])
+    with pytest.raises(TaskDataError, match=r"task\.family_field: .* no column 'level'"):
+        make_task(TaskSettings(name="dataset", dataset=str(path), family_field="level"))
+
+
 def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(TaskDataError, match=r"task\.path"):
         make_task(TaskSettings(name="math"))

@@ -59,3 +59,20 @@ def test_both_parts_are_pure_functions_of_the_index() -> None:
 def test_eval_part_without_holdout_is_refused() -> None:
     with pytest.raises(ValueError, match=r"task.holdout"):
         make_eval_task(TaskSettings())
+
+
+def test_both_parts_keep_the_problems_family(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [f"{i}+{i}=" for i in range(50)]
+    levels = [f"l{i % 3}" for i in range(50)]
+    table = pa.table({"question": rows, "answer": ["x"] * 50, "level": levels})
+    pq.write_table(table, tmp_path / "d.parquet")
+    settings = TaskSettings(
+        name="dataset", dataset=str(tmp_path / "d.parquet"), holdout=0.25, family_field="level"
+    )
+    for task in (make_task(settings), make_eval_task(settings)):
+        for i in range(10):
+            p = task.problem(i)
+            assert p.family == f"l{int(p.prompt.split('+')[0]) % 3}"
