@@ -47,6 +47,8 @@ NOT_RUN = {
     "agents": "smoke-run by tests/unit/bench/test_agents_bench.py",
     "launch_to_step": "smoke-run by tests/unit/bench/test_launch_to_step.py",
     "dynamic_sampling": "smoke-run by tests/unit/bench/test_algos_benches.py",
+    "curriculum": "real `up` runs, minutes: smoke-run by tests/unit/bench/test_curriculum_bench.py "
+    "(slow)",
     "vllm_stream": "needs vLLM: smoke-run by tests/unit/engines/vllm/test_bench.py (-m gpu)",
     "vs_trl": "needs TRL (the bench extra): smoke-run (the workload matrix's) by "
     "tests/unit/bench/test_vs_trl_matrix.py when TRL is installed",
