@@ -1,32 +1,35 @@
 """The hub's curriculum from pass rates against uniform sampling and refill alone, on a dataset
-of mixed difficulty built here: zero-signal groups per trained group, held-out reward against
-wall time.
+of mixed difficulty built here: zero-signal groups per trained group, and reward against wall
+time, side by side.
 
 1. The dataset, built by measurement. Every `a+b=` problem with operands below --operands (the
    tiny model's own format) is sampled --probe-samples times by the shipped tiny model (hf
    engine, the runs' temperature) and scored by exact match: a problem is easy when its pass
    rate is at least --easy, hard when it is 0, medium when it lies in [0.25, 0.75]. The
-   training file takes --rows problems of each level (a third each), the held-out file half as
-   many others of each level; JSONL rows {question, answer, level}.
-2. Real `grpo-stream up` runs of the tiny model on the training file, identical but for:
+   training file takes --rows problems of each level (a third each), the held-out file --held
+   others of each level; JSONL rows {question, answer, level}.
+2. Real `grpo-stream up` runs of the tiny model on the training file, each stopped (SIGTERM,
+   a clean shutdown) once its trainer has trained --seconds, identical but for:
    - uniform: hub.max_refill_ratio = 0 (zero-signal groups dropped, steps served short);
    - refill: hub.max_refill_ratio = --ratio (dynamic sampling with refill, the default);
    - curriculum: refill and hub.curriculum.enabled, pass rates kept per prompt (each prompt
      comes again every epoch of the training file); curriculum_family keeps them per level
      instead (task.family_field = "level"), and curriculum_only has no refill.
-   The evaluator service scores every run's policy on the whole held-out file every
-   --eval-every steps (eval.k samples a problem, exact match).
+3. Every run's checkpoints (one each --checkpoint-every steps; --evals of them, evenly spaced
+   in time) are scored afterwards, in this process, with the same sampling seed: the reward on
+   the whole training file (each problem once: the dataset's own mix, whatever the run
+   sampled) and on the held-out file, --eval-k samples a problem.
 
 Per run: zero-signal groups generated per trained group (the hub's counters: filtered /
-trained), prompts passed over, held-out reward at each evaluation against the wall time of its
-step (seconds from the trainer's start), and at equal wall time: each run's curve interpolated
-at the time the shortest run's last evaluation was made, and its mean over [0, that time].
+trained), prompts passed over, and both rewards against the wall time of the checkpoint's step
+(seconds from the trainer's start); at equal wall time: each curve interpolated at the time
+of the earliest last checkpoint among the runs, and its mean over [0, that time].
 
-    python -m bench.curriculum                    # uniform, refill, curriculum; 60 steps
-    python -m bench.curriculum --arms uniform,refill,curriculum,curriculum_family --seeds 0,1
+    python -m bench.curriculum                    # uniform, refill, curriculum; 300 s each
+    python -m bench.curriculum --arms uniform,refill,curriculum,curriculum_only --seeds 0,1
 
-Last line: `zero-signal per trained uniform/curriculum Z, held-out reward at equal time
-curriculum R_C refill R_R uniform R_U` (means over the seeds).
+Last line: `zero-signal per trained uniform/curriculum Z, refill/curriculum Z2, dataset reward at
+equal time ARM R ...` (means over the seeds).
 """
 
 from __future__ import annotations
@@ -34,8 +37,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import random
+import signal
+import subprocess
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +51,13 @@ import numpy as np
 import structlog
 
 from bench.common import (
+    REPO_ROOT,
     TINY_MODEL,
     add_smoke,
     environment,
     parse,
     ran_with,
     results_path,
-    run_pipeline,
     save_json,
     up_command,
 )
@@ -69,7 +77,8 @@ EXACT = '[{name="exact_match", weight=1.0}]'
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arms", default="uniform,refill,curriculum", help=f"of {', '.join(ARMS)}")
-    p.add_argument("--steps", type=int, default=60, help="trainer steps of each run")
+    p.add_argument("--seconds", type=float, default=300.0, help="trainer wall time of each run")
+    p.add_argument("--steps", type=int, default=100_000, help="trainer steps at most (a cap)")
     p.add_argument("--seeds", default="0", help="comma-separated run.seed values")
     p.add_argument("--ratio", type=float, default=2.0, help="hub.max_refill_ratio (refill)")
     p.add_argument("--temperature", type=float, default=0.3, help="generator.temperature")
@@ -79,53 +88,82 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-samples", type=int, default=16, help="samples per candidate")
     p.add_argument("--easy", type=float, default=0.9, help="pass rate of an easy problem")
     p.add_argument("--rows", type=int, default=24, help="training problems of each level")
-    p.add_argument("--eval-every", type=int, default=5, help="eval.every (trainer steps)")
-    p.add_argument("--eval-k", type=int, default=4, help="eval.k")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--held", type=int, default=12, help="held-out problems of each level")
+    p.add_argument("--checkpoint-every", type=int, default=5, help="trainer.checkpoint_every")
+    p.add_argument("--evals", type=int, default=10, help="checkpoints scored per run")
+    p.add_argument("--eval-k", type=int, default=16, help="samples per problem when scoring")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run at most")
     p.add_argument("--name", default="curriculum", help="bench/results/NAME.json")
     add_smoke(p)
     return p
 
 
 SMOKE = {
+    "--seconds": "1",
     "--steps": "2",
     "--operands": "8",
     "--probe-samples": "4",
     "--easy": "0.75",
     "--rows": "2",
-    "--eval-every": "1",
+    "--held": "1",
+    "--checkpoint-every": "1",
+    "--evals": "2",
     "--eval-k": "1",
     "--group-size": "2",
     "--prompts-per-step": "2",
 }
-"""The smoke run's sizes (`--smoke`): seconds of probing, two steps of each run."""
+"""The smoke run's sizes (`--smoke`): seconds of probing, a step or two of each run."""
 
 
-def probe(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every candidate with the tiny model's pass rate on it (sampled, exact match)."""
-    import torch
+class Scorer:
+    """The tiny model on the hf engine, its weights swapped in from checkpoints, scored by
+    exact match: the probe's and the evaluation's one sampler."""
 
-    from grpo_stream.config.tasks import RewardSpec
-    from grpo_stream.engines.hf import HFEngine
-    from grpo_stream.models.loading import load_policy, load_tokenizer
-    from grpo_stream.rewards import load_reward
+    def __init__(self, temperature: float) -> None:
+        import torch
 
-    torch.set_num_threads(1)
-    policy = load_policy(TINY_MODEL, dtype="float32", device="cpu", trainable=False)
-    engine = HFEngine(policy, load_tokenizer(TINY_MODEL), "cpu")
-    exact = load_reward(RewardSpec(name="exact_match"))
+        from grpo_stream.config.tasks import RewardSpec
+        from grpo_stream.engines.hf import HFEngine
+        from grpo_stream.models.loading import load_policy, load_tokenizer
+        from grpo_stream.rewards import load_reward
+
+        torch.set_num_threads(1)
+        policy = load_policy(TINY_MODEL, dtype="float32", device="cpu", trainable=False)
+        self.engine = HFEngine(policy, load_tokenizer(TINY_MODEL), "cpu")
+        self.base = {k: v.clone() for k, v in policy.named_parameters()}
+        self.exact = load_reward(RewardSpec(name="exact_match"))
+        self.temperature = temperature
+
+    def load(self, checkpoint: Path | None, version: int) -> None:
+        """The weights of a trainer checkpoint (None: the shipped model's)."""
+        from grpo_stream.models.loading import load_policy
+
+        if checkpoint is None:
+            self.engine.load_weights(self.base.items(), version)
+            return
+        policy = load_policy(str(checkpoint), dtype="float32", device="cpu", trainable=False)
+        self.engine.load_weights(policy.named_parameters(), version)
+
+    def pass_rates(self, rows: list[dict[str, Any]], samples: int, seed: int) -> list[float]:
+        """Each row's share of `samples` completions that match its answer."""
+        out: list[float] = []
+        for start in range(0, len(rows), 100):
+            part = rows[start : start + 100]
+            prompts = [r["question"] for r in part]
+            groups = self.engine.generate(prompts, samples, 8, self.temperature, seed=seed + start)
+            for row, group in zip(part, groups, strict=True):
+                ref = {"answer": row["answer"]}
+                texts = [c.text for c in group.completions]
+                out.append(float(np.mean([self.exact(t, prompt="", reference=ref) for t in texts])))
+        return out
+
+
+def probe(args: argparse.Namespace, scorer: Scorer) -> list[dict[str, Any]]:
+    """Every candidate with the shipped model's pass rate on it."""
     pairs = [(a, b) for a in range(args.operands) for b in range(args.operands)]
     rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs]
-    for start in range(0, len(rows), 100):
-        part = rows[start : start + 100]
-        groups = engine.generate(
-            [r["question"] for r in part], args.probe_samples, 8, args.temperature, seed=start
-        )
-        for row, group in zip(part, groups, strict=True):
-            ref = {"answer": row["answer"]}
-            texts = [c.text for c in group.completions]
-            passed = [exact(t, prompt=row["question"], reference=ref) for t in texts]
-            row["pass_rate"] = float(np.mean(passed))
+    for row, rate in zip(rows, scorer.pass_rates(rows, args.probe_samples, 0), strict=True):
+        row["pass_rate"] = rate
     return rows
 
 
@@ -140,19 +178,18 @@ def level(rate: float, easy: float) -> str | None:
 def split(
     rows: list[dict[str, Any]], args: argparse.Namespace, seed: int = 0
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training rows, held-out rows): --rows and --rows / 2 of each level, disjoint."""
-    held = max(1, args.rows // 2)
+    """(training rows, held-out rows): --rows and --held of each level, disjoint."""
     train: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
     for name in LEVELS:
         pool = [r for r in rows if level(r["pass_rate"], args.easy) == name]
-        if len(pool) < args.rows + held:
+        if len(pool) < args.rows + args.held:
             raise SystemExit(
                 f"only {len(pool)} {name} problems among {len(rows)} candidates (need "
-                f"{args.rows + held}): raise --operands or --probe-samples, or lower --rows"
+                f"{args.rows + args.held}): raise --operands or --probe-samples, or lower --rows"
             )
         random.Random(f"{seed}:{name}").shuffle(pool)
-        keep = [{**r, "level": name} for r in pool[: args.rows + held]]
+        keep = [{**r, "level": name} for r in pool[: args.rows + args.held]]
         train += keep[: args.rows]
         evals += keep[args.rows :]
     return train, evals
@@ -163,8 +200,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def shared_settings(args: argparse.Namespace, train: Path, evals: Path, seed: int) -> list[str]:
-    n_eval = sum(1 for _ in evals.open())
+def shared_settings(args: argparse.Namespace, train: Path, seed: int) -> list[str]:
     return [
         f"model.name_or_path={json.dumps(TINY_MODEL)}",
         f"generator.temperature={args.temperature}",
@@ -175,84 +211,164 @@ def shared_settings(args: argparse.Namespace, train: Path, evals: Path, seed: in
         'task.name="dataset"',
         f"task.dataset={json.dumps(str(train))}",
         f"task.rewards={EXACT}",
-        f"eval.every={args.eval_every}",
-        'eval.task.name="dataset"',
-        f"eval.task.dataset={json.dumps(str(evals))}",
-        f"eval.task.rewards={EXACT}",
-        f"eval.problems={n_eval}",
-        f"eval.k={args.eval_k}",
         f"run.seed={seed}",
-        f"trainer.checkpoint_every={args.steps}",
+        f"trainer.checkpoint_every={args.checkpoint_every}",
+        "trainer.keep_checkpoints=100000",  # every one is scored afterwards
         "algo.advantage.filter_zero_signal=true",
     ]
 
 
-def eval_curve(run_dir: Path) -> list[tuple[float, float]]:
-    """(wall time of the evaluated version's step, held-out reward), in time order; version
-    0 (before training) at time 0."""
+def trained_seconds(metrics: Path) -> float:
+    """The trainer's wall time at its last step so far (0 before the first)."""
+    if not metrics.exists():
+        return 0.0
+    lines = [x for x in metrics.read_text().splitlines() if x.strip()]
+    return float(json.loads(lines[-1])["wall_time"]) if lines else 0.0
+
+
+def run_for(args: argparse.Namespace, run_dir: Path, sets: list[str]) -> None:
+    """`grpo-stream up` until its trainer has trained --seconds (or --steps steps), then
+    stopped as a user stops it: SIGTERM to the launcher we started, which shuts the services
+    down cleanly (the hub writes its counters)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = up_command(run_dir, args.steps, sets)
+    print("$ " + " ".join(argv), flush=True)
+    metrics = run_dir / "metrics.jsonl"
+    start = time.monotonic()
+    with (run_dir / "up.log").open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        try:
+            while proc.poll() is None and trained_seconds(metrics) < args.seconds:
+                if time.monotonic() - start > args.timeout:
+                    raise RuntimeError(f"{run_dir}: not {args.seconds} s trained in --timeout")
+                time.sleep(1.0)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:  # did not stop in time: end it, and only it
+                proc.kill()
+                proc.wait()
+    if not (run_dir / "hub" / "counters.json").exists() or trained_seconds(metrics) <= 0:
+        tail = "\n".join((run_dir / "up.log").read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"grpo-stream up in {run_dir} trained nothing:\n{tail}")
+
+
+def spread(points: list[tuple[float, Path]], count: int) -> list[tuple[float, Path]]:
+    """At most `count` of the (time, checkpoint) points, evenly spaced in time, the last kept."""
+    if len(points) <= count:
+        return points
+    targets = np.linspace(points[0][0], points[-1][0], count)
+    times = np.array([t for t, _ in points])
+    chosen = sorted({int(np.abs(times - t).argmin()) for t in targets})
+    return [points[i] for i in chosen]
+
+
+def checkpoint_times(run_dir: Path) -> list[tuple[float, Path]]:
+    """(wall time of its step, path) of every complete checkpoint of the run, in time order."""
+    from grpo_stream.training.checkpoint import complete_checkpoints
+
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    wall = {int(r["policy_version"]): float(r["wall_time"]) for r in rows}
-    wall[0] = 0.0
-    evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines() if x]
-    curve = [
-        (wall[int(e["policy_version"])], float(e["eval/reward"]))
-        for e in evals
-        if int(e["policy_version"]) in wall
-    ]
-    return sorted(curve)
+    wall = {int(r["step"]): float(r["wall_time"]) for r in rows}
+    return sorted(
+        (wall[step], path) for step, path in complete_checkpoints(run_dir) if step in wall
+    )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of the comparison shares: the options, the sampler that scores
+    checkpoints, and the row sets it scores them on (training file, held-out file)."""
+
+    args: argparse.Namespace
+    scorer: Scorer
+    sets: dict[str, list[dict[str, Any]]]
+
+
+def reward_curves(setup: Setup, run_dir: Path) -> dict[str, list[tuple[float, float]]]:
+    """Per row set (training, held-out): (wall time, mean reward) at the start (the shipped
+    model, time 0) and at --evals of the run's checkpoints; one sampling seed throughout."""
+    points: list[tuple[float, Path | None]] = [(0.0, None)]
+    points += spread(checkpoint_times(run_dir), setup.args.evals)
+    curves: dict[str, list[tuple[float, float]]] = {name: [] for name in setup.sets}
+    for version, (t, path) in enumerate(points):
+        setup.scorer.load(path, version)
+        for name, rows in setup.sets.items():
+            rates = setup.scorer.pass_rates(rows, setup.args.eval_k, 7)
+            curves[name].append((t, float(np.mean(rates))))
+    return curves
 
 
 def at_time(curve: list[tuple[float, float]], t: float) -> float:
-    """The curve's held-out reward at time t, linear between evaluations."""
+    """The curve's value at time t, linear between its points."""
     xs, ys = zip(*curve, strict=True)
     return float(np.interp(t, xs, ys))
 
 
 def mean_until(curve: list[tuple[float, float]], t: float) -> float:
-    """The curve's mean over [0, t] (trapezoids between evaluations, interpolated at t)."""
+    """The curve's mean over [0, t] (linear between its points, interpolated at t)."""
     grid = np.linspace(0.0, t, 201)
     xs, ys = zip(*curve, strict=True)
     return float(np.mean(np.interp(grid, xs, ys)))
 
 
-def run_arm(args: argparse.Namespace, arm: str, base: list[str], run_dir: Path) -> dict[str, Any]:
-    sets = [*base, *ARMS[arm]]
-    run_pipeline(arm, run_dir, args.steps, sets, timeout_s=args.timeout)
+def run_arm(setup: Setup, arm: str, base: list[str], run_dir: Path) -> dict[str, Any]:
+    args = setup.args
+    config = [*base, *ARMS[arm]]
+    run_for(args, run_dir, config)
     ran_with(run_dir, "hub.curriculum.enabled", "hub.curriculum.enabled=true" in ARMS[arm])
     counters = json.loads((run_dir / "hub" / "counters.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     return {
         "arm": arm,
-        "command": " ".join(up_command(run_dir, args.steps, sets)),
+        "command": " ".join(up_command(run_dir, args.steps, config)),
         "counters": counters,
         "zero_per_trained": counters["filtered"] / max(1, counters["trained"]),
         "generated_per_trained": counters["dispatched"] / max(1, counters["trained"]),
         "skipped": counters.get("skipped", 0),
         "steps": len(rows),
         "wall_s": float(rows[-1]["wall_time"]),
-        "train_reward": [r.get("reward_mean") for r in rows],
-        "curve": eval_curve(run_dir),
+        "signal_rate": [r.get("signal_rate") for r in rows],
+        "curves": reward_curves(setup, run_dir),
     }
 
 
 def summarise(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, dict[str, float]]:
     """Per arm, means over its seeds: zero-signal and generated per trained group, prompts
-    passed over, held-out reward at equal time and its mean until then."""
-    t_equal = min(r["curve"][-1][0] for r in runs)
+    passed over, each reward at equal time and its mean until then."""
+    t_equal = min(r["curves"]["dataset"][-1][0] for r in runs)
     out: dict[str, dict[str, float]] = {}
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm]
-        out[arm] = {
-            "zero_per_trained": float(np.mean([r["zero_per_trained"] for r in mine])),
-            "generated_per_trained": float(np.mean([r["generated_per_trained"] for r in mine])),
-            "skipped": float(np.mean([r["skipped"] for r in mine])),
-            "wall_s": float(np.mean([r["wall_s"] for r in mine])),
-            "reward_at_equal_time": float(np.mean([at_time(r["curve"], t_equal) for r in mine])),
-            "reward_mean_until": float(np.mean([mean_until(r["curve"], t_equal) for r in mine])),
-            "reward_start": float(np.mean([r["curve"][0][1] for r in mine])),
-            "equal_time_s": t_equal,
+        row = {
+            key: float(np.mean([r[key] for r in mine]))
+            for key in ("zero_per_trained", "generated_per_trained", "skipped", "wall_s", "steps")
         }
+        for name in ("dataset", "held_out"):
+            curves = [r["curves"][name] for r in mine]
+            row[f"{name}_start"] = float(np.mean([c[0][1] for c in curves]))
+            row[f"{name}_at_equal_time"] = float(np.mean([at_time(c, t_equal) for c in curves]))
+            row[f"{name}_mean_until"] = float(np.mean([mean_until(c, t_equal) for c in curves]))
+        out[arm] = {**row, "equal_time_s": t_equal}
     return out
+
+
+def print_table(table: dict[str, dict[str, float]]) -> None:
+    t = next(iter(table.values()))["equal_time_s"]
+    print(f"\nat equal wall time {t:.0f} s (the earliest last checkpoint among the runs):")
+    print(
+        "| run | zero-signal / trained | generated / trained | skipped | steps | dataset "
+        "reward: start, at equal time, mean until then | held-out reward: same |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for arm, r in table.items():
+        print(
+            f"| {arm} | {r['zero_per_trained']:.2f} | {r['generated_per_trained']:.2f} | "
+            f"{r['skipped']:.0f} | {r['steps']:.0f} | {r['dataset_start']:.3f}, "
+            f"{r['dataset_at_equal_time']:.3f}, {r['dataset_mean_until']:.3f} | "
+            f"{r['held_out_start']:.3f}, {r['held_out_at_equal_time']:.3f}, "
+            f"{r['held_out_mean_until']:.3f} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -262,53 +378,44 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
         raise SystemExit(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(ARMS)})")
-    probed = probe(args)
+    scorer = Scorer(args.temperature)
+    probed = probe(args, scorer)
     train_rows, eval_rows = split(probed, args)
+    sets = {"dataset": train_rows, "held_out": eval_rows}
+    setup = Setup(args, scorer, sets)
     print(
         f"dataset: {len(probed)} candidates probed ({args.probe_samples} samples, T "
         f"{args.temperature}); {len(train_rows)} training and {len(eval_rows)} held-out "
-        f"problems, a third of each level",
+        "problems, a third of each level",
         flush=True,
     )
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-curriculum-") as tmp:
         train = write_jsonl(Path(tmp) / "train.jsonl", train_rows)
-        evals = write_jsonl(Path(tmp) / "eval.jsonl", eval_rows)
-        for seed in [int(s) for s in args.seeds.split(",")]:
-            base = shared_settings(args, train, evals, seed)
-            for arm in arms:  # alternating arms within a seed: load drifts equally on each
-                runs.append(run_arm(args, arm, base, Path(tmp) / f"{arm}-{seed}"))
-                r = runs[-1]
+        for seed in [int(x) for x in args.seeds.split(",")]:
+            base = shared_settings(args, train, seed)
+            for arm in arms:  # the arms one after another in each seed: load drifts on all
+                r = run_arm(setup, arm, base, Path(tmp) / f"{arm}-{seed}")
+                runs.append(r)
+                data = r["curves"]["dataset"]
                 print(
                     f"seed {seed} {arm:17s} zero-signal/trained {r['zero_per_trained']:.2f} "
                     f"generated/trained {r['generated_per_trained']:.2f} skipped {r['skipped']} "
-                    f"wall {r['wall_s']:.0f}s held-out reward {r['curve'][0][1]:.3f} -> "
-                    f"{r['curve'][-1][1]:.3f}",
+                    f"steps {r['steps']} wall {r['wall_s']:.0f}s dataset reward "
+                    f"{data[0][1]:.3f} -> {data[-1][1]:.3f}",
                     flush=True,
                 )
     table = summarise(runs, arms)
-    t = next(iter(table.values()))["equal_time_s"]
-    print(f"\nat equal wall time {t:.0f} s (the shortest run's last evaluation):")
-    print(
-        "| run | zero-signal / trained | generated / trained | skipped | held-out reward at "
-        "equal time | mean until then | wall s |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for arm, row in table.items():
-        print(
-            f"| {arm} | {row['zero_per_trained']:.2f} | {row['generated_per_trained']:.2f} | "
-            f"{row['skipped']:.0f} | {row['reward_at_equal_time']:.3f} | "
-            f"{row['reward_mean_until']:.3f} | {row['wall_s']:.0f} |"
-        )
-    dataset = {"train": train_rows, "eval": eval_rows}
-    record = {"args": vars(args), "table": table, "runs": runs, "dataset": dataset}
+    print_table(table)
+    record = {"args": vars(args), "table": table, "runs": runs, "dataset": sets}
     save_json(results_path(f"{args.name}.json"), {**record, "environment": environment()})
-    u, c = table.get("uniform"), table.get("curriculum")
-    ratio = u["zero_per_trained"] / max(c["zero_per_trained"], 1e-9) if u and c else float("nan")
-    rewards = " ".join(f"{a} {row['reward_at_equal_time']:.3f}" for a, row in table.items())
+    zero = {arm: row["zero_per_trained"] for arm, row in table.items()}
+    cur = max(zero.get("curriculum", math.nan), 1e-9)
+    uniform, refill = zero.get("uniform", math.nan) / cur, zero.get("refill", math.nan) / cur
+    rewards = " ".join(f"{a} {row['dataset_at_equal_time']:.3f}" for a, row in table.items())
     print(
-        f"zero-signal per trained uniform/curriculum {ratio:.2f}, held-out reward at equal "
-        f"time {rewards}"
+        f"zero-signal per trained uniform/curriculum {uniform:.2f}, refill/curriculum "
+        f"{refill:.2f}, dataset reward at equal time {rewards}"
     )
 
 
