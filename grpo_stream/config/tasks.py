@@ -144,4 +144,9 @@ class TaskSettings(BaseModel):
     def _check_chat(self) -> TaskSettings:
         if self.system_prompt is not None and not self.chat_template:
             raise ValueError("task.system_prompt needs task.chat_template = true")
+        if self.family_field is not None and self.name not in ("dataset", "math"):
+            raise ValueError(
+                f"task.family_field names a column of a dataset: task.name is {self.name!r}, "
+                "not dataset or math"
+            )
         return self

@@ -89,6 +89,11 @@ def test_a_family_field_that_is_no_column_names_the_setting(tmp_path: Path) -> N
         make_task(TaskSettings(name="dataset", dataset=str(path), family_field="level"))
 
 
+def test_a_family_field_outside_a_dataset_task_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"task\.family_field names a column of a dataset"):
+        TaskSettings(name="arith", family_field="level")
+
+
 def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(TaskDataError, match=r"task\.path"):
         make_task(TaskSettings(name="math"))
