@@ -38,7 +38,6 @@ import argparse
 import json
 import logging
 import math
-import random
 import signal
 import subprocess
 import tempfile
@@ -61,8 +60,8 @@ from bench.common import (
     save_json,
     up_command,
 )
+from bench.curriculum_data import Scorer, dataset, default_task_rows, write_jsonl
 
-LEVELS = ("easy", "medium", "hard")
 ARMS: dict[str, list[str]] = {
     "uniform": ["hub.max_refill_ratio=0.0"],
     "refill": [],
@@ -93,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--evals", type=int, default=10, help="checkpoints scored per run")
     p.add_argument("--eval-k", type=int, default=16, help="samples per problem when scoring")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run at most")
+    p.add_argument(
+        "--default-task",
+        action="store_true",
+        help="train on the default task (arith, 441 distinct prompts) instead of the built "
+        "dataset; the reward is scored on --rows x 3 of its problems",
+    )
     p.add_argument("--name", default="curriculum", help="bench/results/NAME.json")
     add_smoke(p)
     return p
@@ -115,101 +120,20 @@ SMOKE = {
 """The smoke run's sizes (`--smoke`): seconds of probing, a step or two of each run."""
 
 
-class Scorer:
-    """The tiny model on the hf engine, its weights swapped in from checkpoints, scored by
-    exact match: the probe's and the evaluation's one sampler."""
-
-    def __init__(self, temperature: float) -> None:
-        import torch
-
-        from grpo_stream.config.tasks import RewardSpec
-        from grpo_stream.engines.hf import HFEngine
-        from grpo_stream.models.loading import load_policy, load_tokenizer
-        from grpo_stream.rewards import load_reward
-
-        torch.set_num_threads(1)
-        policy = load_policy(TINY_MODEL, dtype="float32", device="cpu", trainable=False)
-        self.engine = HFEngine(policy, load_tokenizer(TINY_MODEL), "cpu")
-        self.base = {k: v.clone() for k, v in policy.named_parameters()}
-        self.exact = load_reward(RewardSpec(name="exact_match"))
-        self.temperature = temperature
-
-    def load(self, checkpoint: Path | None, version: int) -> None:
-        """The weights of a trainer checkpoint (None: the shipped model's)."""
-        from grpo_stream.models.loading import load_policy
-
-        if checkpoint is None:
-            self.engine.load_weights(self.base.items(), version)
-            return
-        policy = load_policy(str(checkpoint), dtype="float32", device="cpu", trainable=False)
-        self.engine.load_weights(policy.named_parameters(), version)
-
-    def pass_rates(self, rows: list[dict[str, Any]], samples: int, seed: int) -> list[float]:
-        """Each row's share of `samples` completions that match its answer."""
-        out: list[float] = []
-        for start in range(0, len(rows), 100):
-            part = rows[start : start + 100]
-            prompts = [r["question"] for r in part]
-            groups = self.engine.generate(prompts, samples, 8, self.temperature, seed=seed + start)
-            for row, group in zip(part, groups, strict=True):
-                ref = {"answer": row["answer"]}
-                texts = [c.text for c in group.completions]
-                out.append(float(np.mean([self.exact(t, prompt="", reference=ref) for t in texts])))
-        return out
-
-
-def probe(args: argparse.Namespace, scorer: Scorer) -> list[dict[str, Any]]:
-    """Every candidate with the shipped model's pass rate on it."""
-    pairs = [(a, b) for a in range(args.operands) for b in range(args.operands)]
-    rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs]
-    for row, rate in zip(rows, scorer.pass_rates(rows, args.probe_samples, 0), strict=True):
-        row["pass_rate"] = rate
-    return rows
-
-
-def level(rate: float, easy: float) -> str | None:
-    if rate >= easy:
-        return "easy"
-    if rate == 0.0:
-        return "hard"
-    return "medium" if 0.25 <= rate <= 0.75 else None
-
-
-def split(
-    rows: list[dict[str, Any]], args: argparse.Namespace, seed: int = 0
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training rows, held-out rows): --rows and --held of each level, disjoint."""
-    train: list[dict[str, Any]] = []
-    evals: list[dict[str, Any]] = []
-    for name in LEVELS:
-        pool = [r for r in rows if level(r["pass_rate"], args.easy) == name]
-        if len(pool) < args.rows + args.held:
-            raise SystemExit(
-                f"only {len(pool)} {name} problems among {len(rows)} candidates (need "
-                f"{args.rows + args.held}): raise --operands or --probe-samples, or lower --rows"
-            )
-        random.Random(f"{seed}:{name}").shuffle(pool)
-        keep = [{**r, "level": name} for r in pool[: args.rows + args.held]]
-        train += keep[: args.rows]
-        evals += keep[args.rows :]
-    return train, evals
-
-
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def shared_settings(args: argparse.Namespace, train: Path, seed: int) -> list[str]:
+def shared_settings(args: argparse.Namespace, train: Path | None, seed: int) -> list[str]:
+    """The settings every arm shares; `train`: the built training file (None: the default
+    task)."""
+    task = (
+        [] if train is None else ['task.name="dataset"', f"task.dataset={json.dumps(str(train))}"]
+    )
     return [
+        *task,
         f"model.name_or_path={json.dumps(TINY_MODEL)}",
         f"generator.temperature={args.temperature}",
         f"generator.group_size={args.group_size}",
         f"generator.prompts_per_request={args.prompts_per_step}",
         f"hub.groups_per_step={args.prompts_per_step}",
         f"hub.max_refill_ratio={args.ratio}",
-        'task.name="dataset"',
-        f"task.dataset={json.dumps(str(train))}",
         f"task.rewards={EXACT}",
         f"run.seed={seed}",
         f"trainer.checkpoint_every={args.checkpoint_every}",
@@ -344,7 +268,7 @@ def summarise(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, dict[str
             key: float(np.mean([r[key] for r in mine]))
             for key in ("zero_per_trained", "generated_per_trained", "skipped", "wall_s", "steps")
         }
-        for name in ("dataset", "held_out"):
+        for name in mine[0]["curves"]:
             curves = [r["curves"][name] for r in mine]
             row[f"{name}_start"] = float(np.mean([c[0][1] for c in curves]))
             row[f"{name}_at_equal_time"] = float(np.mean([at_time(c, t_equal) for c in curves]))
@@ -353,21 +277,22 @@ def summarise(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, dict[str
     return out
 
 
-def print_table(table: dict[str, dict[str, float]]) -> None:
+def print_table(table: dict[str, dict[str, float]], names: list[str]) -> None:
+    """The table, one row per arm; per scored row set (`names`): its reward at the start, at
+    equal time and its mean until then."""
     t = next(iter(table.values()))["equal_time_s"]
     print(f"\nat equal wall time {t:.0f} s (the earliest last checkpoint among the runs):")
-    print(
-        "| run | zero-signal / trained | generated / trained | skipped | steps | dataset "
-        "reward: start, at equal time, mean until then | held-out reward: same |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    sets = " | ".join(f"{n} reward: start, at equal time, mean until then" for n in names)
+    print(f"| run | zero-signal / trained | generated / trained | skipped | steps | {sets} |")
+    print("|---|---|---|---|---|" + "---|" * len(names))
     for arm, r in table.items():
+        rewards = " | ".join(
+            f"{r[f'{n}_start']:.3f}, {r[f'{n}_at_equal_time']:.3f}, {r[f'{n}_mean_until']:.3f}"
+            for n in names
+        )
         print(
             f"| {arm} | {r['zero_per_trained']:.2f} | {r['generated_per_trained']:.2f} | "
-            f"{r['skipped']:.0f} | {r['steps']:.0f} | {r['dataset_start']:.3f}, "
-            f"{r['dataset_at_equal_time']:.3f}, {r['dataset_mean_until']:.3f} | "
-            f"{r['held_out_start']:.3f}, {r['held_out_at_equal_time']:.3f}, "
-            f"{r['held_out_mean_until']:.3f} |"
+            f"{r['skipped']:.0f} | {r['steps']:.0f} | {rewards} |"
         )
 
 
@@ -378,20 +303,20 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
         raise SystemExit(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(ARMS)})")
+    if args.default_task and "curriculum_family" in arms:
+        raise SystemExit("--default-task: the default task has no family column")
     scorer = Scorer(args.temperature)
-    probed = probe(args, scorer)
-    train_rows, eval_rows = split(probed, args)
-    sets = {"dataset": train_rows, "held_out": eval_rows}
-    setup = Setup(args, scorer, sets)
-    print(
-        f"dataset: {len(probed)} candidates probed ({args.probe_samples} samples, T "
-        f"{args.temperature}); {len(train_rows)} training and {len(eval_rows)} held-out "
-        "problems, a third of each level",
-        flush=True,
+    sets = (
+        {"dataset": default_task_rows(3 * args.rows)}
+        if args.default_task
+        else dataset(args, scorer)
     )
+    setup = Setup(args, scorer, sets)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-curriculum-") as tmp:
-        train = write_jsonl(Path(tmp) / "train.jsonl", train_rows)
+        train = (
+            None if args.default_task else write_jsonl(Path(tmp) / "train.jsonl", sets["dataset"])
+        )
         for seed in [int(x) for x in args.seeds.split(",")]:
             base = shared_settings(args, train, seed)
             for arm in arms:  # the arms one after another in each seed: load drifts on all
@@ -406,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
     table = summarise(runs, arms)
-    print_table(table)
+    print_table(table, list(sets))
     record = {"args": vars(args), "table": table, "runs": runs, "dataset": sets}
     save_json(results_path(f"{args.name}.json"), {**record, "environment": environment()})
     zero = {arm: row["zero_per_trained"] for arm, row in table.items()}

@@ -22,30 +22,36 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return importlib.import_module("bench.curriculum")
 
 
+@pytest.fixture
+def data(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module("bench.curriculum_data")
+
+
 def args(bench: ModuleType, *given: str) -> argparse.Namespace:
     parsed: argparse.Namespace = bench.build_parser().parse_args(list(given))
     return parsed
 
 
-def test_levels_are_all_pass_none_pass_or_in_between(bench: ModuleType) -> None:
-    assert bench.level(1.0, 0.9) == bench.level(0.9, 0.9) == "easy"
-    assert bench.level(0.0, 0.9) == "hard"
-    assert bench.level(0.5, 0.9) == "medium"
-    assert bench.level(0.85, 0.9) is None  # neither too easy nor medium: left out
+def test_levels_are_all_pass_none_pass_or_in_between(data: ModuleType) -> None:
+    assert data.level(1.0, 0.9) == data.level(0.9, 0.9) == "easy"
+    assert data.level(0.0, 0.9) == "hard"
+    assert data.level(0.5, 0.9) == "medium"
+    assert data.level(0.85, 0.9) is None  # neither too easy nor medium: left out
 
 
 def test_the_split_takes_a_third_of_each_level_and_keeps_held_out_problems_apart(
-    bench: ModuleType,
+    bench: ModuleType, data: ModuleType
 ) -> None:
     rates = [1.0] * 7 + [0.0] * 9 + [0.5] * 6 + [0.85] * 3
     rows = [{"question": f"{i}+0=", "answer": str(i), "pass_rate": r} for i, r in enumerate(rates)]
-    train, evals = bench.split(rows, args(bench, "--rows", "4", "--held", "2"))
-    for name in bench.LEVELS:
+    train, evals = data.split(rows, args(bench, "--rows", "4", "--held", "2"))
+    for name in data.LEVELS:
         assert sum(r["level"] == name for r in train) == 4
         assert sum(r["level"] == name for r in evals) == 2
     assert not {r["question"] for r in train} & {r["question"] for r in evals}
     with pytest.raises(SystemExit, match="only 6 medium problems"):
-        bench.split(rows, args(bench, "--rows", "5", "--held", "2"))
+        data.split(rows, args(bench, "--rows", "5", "--held", "2"))
 
 
 def test_each_checkpoint_takes_the_wall_time_of_its_step(bench: ModuleType, tmp_path: Path) -> None:
