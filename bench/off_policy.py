@@ -122,10 +122,11 @@ def mode_settings(mode: str) -> list[str]:
     return lines + (SUFFIXES[extra] if plus else [])
 
 
-def band_settings(args: argparse.Namespace) -> list[str]:
-    """The mask bands given on the command line (the settings' defaults otherwise)."""
+def band_settings(args: argparse.Namespace, mode: str) -> list[str]:
+    """The mask bands given on the command line (the settings' defaults otherwise); the
+    token floor only for icepop, the one mode it applies to."""
     given = {
-        "is_floor": args.is_floor,
+        "is_floor": args.is_floor if mode.partition("+")[0] == "icepop" else None,
         "seq_mask_low": args.seq_mask_low,
         "seq_mask_high": args.seq_mask_high,
     }
@@ -165,7 +166,7 @@ class Sim:
                 f"algo.loss.is_cap={a.is_cap}",
                 f"algo.loss.eps_low={a.eps_low}",
                 f"algo.loss.eps_high={a.eps_high}",
-                *band_settings(a),
+                *band_settings(a, mode),
             ],
         )
 

@@ -105,6 +105,11 @@ class LossSettings(BaseModel):
                 f"loss.seq_mask_low ({self.seq_mask_low}) must be below loss.seq_mask_high "
                 f"({self.seq_mask_high})"
             )
+        if self.is_floor is not None and self.off_policy != "icepop":
+            raise ValueError(
+                f"loss.is_floor applies only to loss.off_policy = icepop (not "
+                f"{self.off_policy!r}): remove it or choose icepop"
+            )
         if self.is_floor is not None and self.is_floor >= self.is_cap:
             raise ValueError(
                 f"loss.is_floor ({self.is_floor}) must be below loss.is_cap ({self.is_cap})"

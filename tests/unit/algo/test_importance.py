@@ -195,6 +195,14 @@ def test_a_band_with_its_edges_crossed_is_refused() -> None:
         LossSettings.model_validate({"off_policy": "icepop", "is_floor": 3.0, "is_cap": 2.0})
 
 
+@pytest.mark.parametrize("mode", ["tis", "decoupled", "seq_tis", "behaviour"])
+def test_a_token_floor_outside_icepop_is_refused(mode: str) -> None:
+    with pytest.raises(
+        ValueError, match=r"loss\.is_floor applies only to loss\.off_policy = icepop"
+    ):
+        LossSettings.model_validate({"off_policy": mode, "is_floor": 0.5})
+
+
 @pytest.mark.parametrize("mode", ["icepop", "seq_tis"])
 def test_the_new_modes_need_the_trainers_log_probs(mode: str) -> None:
     logp = torch.zeros(1, 2)
