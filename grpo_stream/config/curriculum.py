@@ -17,8 +17,9 @@ class CurriculumSettings(BaseModel):
     a prompt the stream reaches out with probability max(floor, s(p) / s(1/2)), s(p) = 1 -
     p^G - (1 - p)^G the chance that a group of G completions carries signal; a prompt not
     seen before always goes out; the others are passed over (counted as skipped). Off: every
-    prompt in order. Default off: on the mixed-difficulty bench it pays only once prompts come
-    again (bench.curriculum, docs/guide/curriculum.md)."""
+    prompt in order. Default off: on the mixed-difficulty bench it generated 3x fewer
+    zero-signal groups per trained group than uniform sampling, but no higher reward at equal
+    wall time (bench.curriculum, docs/guide/curriculum.md)."""
     floor: float = Field(0.1, ge=0.01, le=1)
     """Exploration floor: a prompt is let out with at least this probability, so a prompt
     that was too easy or too hard is tried again now and then and none starves."""
