@@ -15,7 +15,10 @@ Invariants:
   with one error line (`BatchRefused`), and the hub serves that step new groups once the
   trainer died on it `security.batch_crash_limit` times;
 - after every step, the hub gets the step's evidence on each group (its log-prob gap:
-  `RolloutEvidence`, for verified rollouts).
+  `RolloutEvidence`, for verified rollouts);
+- under context parallelism only each group's leader asks the hub for batches (as data
+  rank `data_rank` of `data_ranks`) and sends evidence; it shares each batch with its group
+  (`training.context.groups.share_batch`), and its stopping stops the group.
 """
 
 from __future__ import annotations
@@ -157,8 +160,9 @@ class Trainer:
 
     def serve(self) -> bool:
         """Train until max_steps (True) or a stop request (False)."""
-        while self.state.step < self.cfg.run.max_steps and not self.stop.set:
-            batch, waited = self._next_batch()
+        ctx = self.state.context
+        while self.state.step < self.cfg.run.max_steps and (ctx is not None or not self.stop.set):
+            batch, waited = self._group_batch()
             if batch is None:
                 break
             self.wait_total += waited
@@ -166,7 +170,8 @@ class Trainer:
             t0 = time.perf_counter()
             result = self.state.train_step(batch)
             seconds = time.perf_counter() - t0
-            self.link.send(group_evidence(self.state.meter.rows, batch))
+            if ctx is None or ctx.leads:  # a context group's ranks hold the same groups
+                self.link.send(group_evidence(self.state.meter.rows, batch))
             if not result.applied:
                 self.attempt += 1  # a new attempt at this step: the hub sends new groups
                 if result.republish:  # a rollback restored older weights as a new version
@@ -197,6 +202,19 @@ class Trainer:
                 f"step {batch.step}: token id {int(ids.max())} (min {int(ids.min())}) outside "
                 f"the vocabulary [0, {vocab}): groups {[int(g) for g in batch.group_ids]}"
             )
+
+    def _group_batch(self) -> tuple[m.TrainBatch | None, float]:
+        """This step's batch: the hub's (`_next_batch`), or under context parallelism the
+        group leader's, shared with its group (None on every rank when the leader stops)."""
+        ctx = self.state.context
+        if ctx is None:
+            return self._next_batch()
+        from grpo_stream.training.context.groups import share_batch  # torch: late
+
+        t0 = time.perf_counter()
+        batch = self._next_batch()[0] if ctx.leads and not self.stop.set else None
+        batch = share_batch(ctx, batch, lambda: self.link.recv(timeout_ms=50))
+        return batch, time.perf_counter() - t0
 
     def _next_batch(self) -> tuple[m.TrainBatch | None, float]:
         """Ask for this step's batch; ask again (the same request: the hub answers it with
@@ -312,12 +330,12 @@ class Trainer:
             log.warning("report.failed", code=self._reporter.returncode)
 
     def _request(self) -> m.BatchRequest:
-        st = self.state
+        st, ctx = self.state, self.state.context
         return m.BatchRequest(
             step=st.step,
             trainer_version=st.version,
-            rank=st.rank,
-            world_size=st.world_size,
+            rank=st.rank if ctx is None else ctx.data_rank,
+            world_size=st.world_size if ctx is None else ctx.data_ranks,
             attempt=self.attempt,
         )
 

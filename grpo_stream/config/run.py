@@ -331,10 +331,12 @@ class RunConfig(BaseModel):
     def _check(self) -> RunConfig:
         if self.hub.replay.capacity < self.hub.groups_per_step:
             raise ValueError("hub.replay.capacity must be at least hub.groups_per_step")
-        if self.hub.groups_per_step < self.trainer.ranks:
-            # each rank trains its own groups of the step; a rank with none would leave the
-            # others waiting in their collectives
-            raise ValueError("hub.groups_per_step must be at least trainer.ranks")
+        if self.hub.groups_per_step < self.trainer.data_ranks:
+            # each data-parallel rank trains its own groups of the step; a rank with none
+            # would leave the others waiting in their collectives
+            raise ValueError(
+                "hub.groups_per_step must be at least trainer.ranks / trainer.context_parallel"
+            )
         if self.trainer.micro_batch_tokens <= self.generator.max_tokens:
             raise ValueError(
                 f"trainer.micro_batch_tokens ({self.trainer.micro_batch_tokens}) must exceed "

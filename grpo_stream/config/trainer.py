@@ -80,6 +80,13 @@ class TrainerSettings(BaseModel):
     """How several ranks share the model: ddp replicates it and all-reduces gradient buckets;
     fsdp2 shards parameters, gradients and optimizer state per decoder layer (for models
     that do not fit one device)."""
+    context_parallel: int = Field(1, ge=1)
+    """Context parallelism: each sequence is split over this many trainer ranks (Ulysses:
+    every layer's attention exchanges heads for sequence with two all-to-alls, so each rank
+    holds 1/N of every sequence's activations; exact). trainer.ranks must be a multiple: the
+    ranks form trainer.ranks / N data-parallel groups of N (DDP or FSDP2 across all ranks).
+    N must divide the model's attention heads. micro_batch_tokens counts whole rows: each
+    rank holds about micro_batch_tokens / N of them (training/context/)."""
     bind: str = "tcp://127.0.0.1:0"
     """Address of the weight server (ROUTER) and announcer (PUB uses the next port)."""
     announce_bind: str | None = None
@@ -105,8 +112,41 @@ class TrainerSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _context_divides_ranks(self) -> TrainerSettings:
+        if self.ranks % self.context_parallel:
+            raise ValueError(
+                f"trainer.context_parallel = {self.context_parallel} must divide trainer.ranks "
+                f"= {self.ranks}: each sequence is split over that many of the trainer's ranks"
+            )
+        if self.micro_batch_tokens < self.context_parallel:
+            raise ValueError(
+                f"trainer.micro_batch_tokens = {self.micro_batch_tokens} is shorter than "
+                f"trainer.context_parallel = {self.context_parallel}: every rank must hold at "
+                "least one token of a row"
+            )
+        return self
+
+    @property
+    def data_ranks(self) -> int:
+        """Data-parallel groups: ranks that train different sequences (trainer.ranks over
+        trainer.context_parallel); the hub splits each step this many ways."""
+        return self.ranks // self.context_parallel
+
+    @model_validator(mode="after")
     def _lora_lr(self) -> TrainerSettings:
         """LoRA needs a higher lr than full fine-tuning: LORA_LR unless trainer.lr is given."""
         if self.lora.enabled and "lr" not in self.model_fields_set:
             self.lr = LORA_LR
         return self
+
+
+def check_context_heads(degree: int, heads: int, model: str) -> None:
+    """Ulysses hands each of the `degree` context-parallel ranks heads / degree attention
+    heads: refuse a degree that does not divide `heads` (ValueError, one line)."""
+    if degree > 1 and heads % degree:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise ValueError(
+            f"trainer.context_parallel = {degree} does not divide the {heads} attention heads "
+            f"of {model}: each rank attends with heads / context_parallel of them; choose one "
+            f"of {divisors}"
+        )

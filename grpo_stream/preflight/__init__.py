@@ -11,10 +11,12 @@ Hugging Face cache, or a name the hub knows: offline mode is honoured); the task
 exists and has the named fields; every reward loads, and the built-ins and user functions
 score a sample completion (user ones in the scorer's sandbox: `preflight.rewards`); the
 longest of the first `FIT_PROBLEMS` prompts plus `generator.max_tokens` fits the model's
-context; the task and engine suit the model (a chat template where `task.chat_template` asks
-for one, a supported vLLM installed where `generator.engine` names it); a distillation
-teacher resolves and shares the policy's vocabulary; env.agent loads (an async function)
-with its libraries installed; the run directory is writable with room for a checkpoint.
+context; `trainer.context_parallel` divides the model's attention heads and is no longer
+than the run's longest sequence; the task and engine suit the model (a chat template where
+`task.chat_template` asks for one, a supported vLLM installed where `generator.engine`
+names it); a distillation teacher resolves and shares the policy's vocabulary; env.agent
+loads (an async function) with its libraries installed; the run directory is writable with
+room for a checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 from grpo_stream.agents.client import load_agent
 from grpo_stream.config import RunConfig
+from grpo_stream.config.trainer import check_context_heads
 from grpo_stream.engines.vllm import compat as vllm_compat
 from grpo_stream.models.loading import SHIPPED_MODELS
 from grpo_stream.preflight.data import DataCheckError
@@ -68,6 +71,8 @@ def preflight(cfg: RunConfig, local_model: bool = True) -> list[str]:
     done.append(f"model: {cfg.model.name_or_path} ({source.where if source else 'not here'})")
     done.append(check_data(cfg))
     done.append(check_fit(cfg, source))
+    if cfg.trainer.context_parallel > 1:
+        done.append(check_context(cfg, source))
     done.append(check_compatible(cfg, source))
     if cfg.algo.distill.teacher is not None:
         done.append(check_teacher(cfg, source, local_model))
@@ -219,19 +224,9 @@ def check_data(cfg: RunConfig) -> str:
 def check_fit(cfg: RunConfig, source: ModelSource | None) -> str:
     """The longest of the first prompts, plus generator.max_tokens, fits the model's context."""
     context = context_length(source)
-    tokenizer_file = source.path / "tokenizer.json" if source and source.path else None
-    if context is None or tokenizer_file is None or not tokenizer_file.is_file():
+    longest = None if context is None else longest_prompt(cfg, source)
+    if context is None or longest is None:
         return "fit: skipped (the model's config or tokenizer.json is not here)"
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    raw = cfg.task.model_copy(update={"chat_template": False})  # a lower bound: no template
-    try:
-        task = make_task(raw)
-        prompts = [task.problem(i).prompt for i in range(FIT_PROBLEMS)]
-    except (TaskDataError, ValueError) as exc:
-        raise PreflightError(str(exc)) from None
-    longest = max(len(tokenizer.encode(p).ids) for p in prompts)
     need = longest + cfg.generator.max_tokens
     template = " before its chat template" if cfg.task.chat_template else ""
     if need > context:
@@ -243,6 +238,48 @@ def check_fit(cfg: RunConfig, source: ModelSource | None) -> str:
             "(model.name_or_path), shorter prompts (task.*) or fewer generator.max_tokens"
         )
     return f"fit: longest prompt {longest}{template} + max_tokens {need - longest} <= {context}"
+
+
+def longest_prompt(cfg: RunConfig, source: ModelSource | None) -> int | None:
+    """Tokens of the longest of the first `FIT_PROBLEMS` prompts before any chat template (a
+    lower bound); None when the model's tokenizer.json is not here."""
+    tokenizer_file = source.path / "tokenizer.json" if source and source.path else None
+    if tokenizer_file is None or not tokenizer_file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    raw = cfg.task.model_copy(update={"chat_template": False})  # a lower bound: no template
+    try:
+        task = make_task(raw)
+        prompts = [task.problem(i).prompt for i in range(FIT_PROBLEMS)]
+    except (TaskDataError, ValueError) as exc:
+        raise PreflightError(str(exc)) from None
+    return max(len(tokenizer.encode(p).ids) for p in prompts)
+
+
+def check_context(cfg: RunConfig, source: ModelSource | None) -> str:
+    """trainer.context_parallel divides the model's attention heads (Ulysses gives each rank
+    heads / N of them) and the run's longest sequence has a token for every rank."""
+    degree = cfg.trainer.context_parallel
+    config = _model_config(source)
+    heads = config.get("num_attention_heads", config.get("n_head"))
+    if isinstance(heads, int):
+        try:
+            check_context_heads(degree, heads, cfg.model.name_or_path)
+        except ValueError as exc:
+            raise PreflightError(str(exc)) from None
+    prompt = longest_prompt(cfg, source) or 1  # a prompt has a token at least
+    longest = prompt + cfg.generator.max_tokens
+    if longest < degree:
+        raise PreflightError(
+            f"trainer.context_parallel = {degree} splits each sequence over {degree} ranks, "
+            f"but this run's longest sequence is {longest} tokens (prompt {prompt} + "
+            f"generator.max_tokens {cfg.generator.max_tokens}): lower "
+            "trainer.context_parallel or raise generator.max_tokens"
+        )
+    seen = f"{heads} heads" if isinstance(heads, int) else "heads checked at start"
+    return f"context parallel: {degree} ranks a sequence ({seen}, longest {longest} tokens)"
 
 
 def check_compatible(cfg: RunConfig, source: ModelSource | None) -> str:

@@ -37,6 +37,7 @@ import torch
 
 from grpo_stream.config import RunConfig
 from grpo_stream.training.batch import Tensors
+from grpo_stream.training.context.groups import ContextGroup
 from grpo_stream.training.packing import sequence_logprobs
 
 
@@ -47,11 +48,13 @@ def deterministic_forward(cfg: RunConfig) -> bool:
     return not cfg.trainer.dropout and not (lora.enabled and lora.dropout > 0)
 
 
-def proximal_logprobs(model: Any, part: Tensors, chunk: int, temperature: float) -> torch.Tensor:
+def proximal_logprobs(
+    model: Any, part: Tensors, chunk: int, temperature: float, context: ContextGroup | None = None
+) -> torch.Tensor:
     """log pi_prox (B, T) of `part`'s tokens under `model` as it is now; no grad, 0 outside
     completions."""
     with torch.no_grad():
-        logp, _ = sequence_logprobs(model, part, chunk, temperature, with_entropy=False)
+        logp, _ = sequence_logprobs(model, part, chunk, temperature, False, context)
     return logp
 
 

@@ -32,6 +32,9 @@ from grpo_stream.algo.bins import first_fit_rows
 from grpo_stream.algo.logprobs import token_logprobs
 from grpo_stream.config.trainer import TrainerSettings
 from grpo_stream.training.batch import Packing, Tensors
+from grpo_stream.training.context.attention import ATTENTION
+from grpo_stream.training.context.forward import packed_logprobs
+from grpo_stream.training.context.groups import ContextGroup
 from grpo_stream.training.prompts import shared_logprobs, shared_micro_batches
 
 Rows = list[list[int]]
@@ -49,9 +52,11 @@ def packing_supported() -> bool:
 
 
 def row_width(attn_implementation: str, budget: int, longest: int) -> int:
-    """Packed row width: the whole budget for flash-attention kernels (varlen: the cost of
-    a row is that of its sequences), the longest sequence for dense masks (sdpa, eager)."""
-    return budget if attn_implementation.startswith("flash") else longest
+    """Packed row width: the whole budget for flash-attention kernels and context
+    parallelism (attention within each sequence: the cost of a row is that of its
+    sequences), the longest sequence for dense masks (sdpa, eager)."""
+    per_sequence = attn_implementation.startswith("flash") or attn_implementation == ATTENTION
+    return budget if per_sequence else longest
 
 
 def group_rows(rows: Rows, lengths: Sequence[int], budget: int, max_seqs: int) -> list[Rows]:
@@ -121,14 +126,21 @@ def _starts(rows: Rows) -> list[tuple[int, list[int]]]:
 
 
 def micro_batches(
-    t: Tensors, budget: int, max_seqs: int, pack: bool, attn_implementation: str, pad_id: int
+    t: Tensors,
+    budget: int,
+    max_seqs: int,
+    pack: bool,
+    attn_implementation: str,
+    pad_id: int,
+    rows: bool = False,
 ) -> list[Tensors]:
-    """The step's micro-batches (see the module docstring)."""
+    """The step's micro-batches (see the module docstring); with `rows` every one has its
+    rows (`Packing`), one sequence a row when not packing (context parallelism runs rows)."""
     lengths = t.attention_mask.sum(dim=1).tolist()
     pack = pack and packing_supported()
     width = row_width(attn_implementation, budget, max(lengths, default=0))
     groups = plan(lengths, budget, max_seqs, pack, width)
-    if not pack:
+    if not pack and not rows:
         return [t.select(torch.tensor([r[0] for r in g])).trimmed() for g in groups]
     return [pack_rows(t, g, pad_id) for g in groups]
 
@@ -140,17 +152,22 @@ def plan_micro_batches(
     pad_id: int,
     share: bool,
     max_row: int = 0,
+    context: bool = False,
 ) -> tuple[list[Tensors], str]:
     """The step's token-budget micro-batches and their layout: with shared prompts
     (training/prompts.py) where `share` and some prompt repeats ("rows" when the first runs
     as rows, its widest row at most `max_row` tokens, else "shared"), else packed or padded
-    (see the module docstring)."""
+    (see the module docstring). Under context parallelism (`context`) shared prompts only
+    when every micro-batch runs as rows, else rows packed (one sequence a row when
+    trainer.packing is off): its forward runs only rows."""
     parts = None
     if share:
         parts = shared_micro_batches(t, s.micro_batch_tokens, s.micro_batch, pad_id, max_row)
+    if context and parts is not None and not all(p.prompts and p.prompts.rows for p in parts):
+        parts = None
     if parts is None:
         parts = micro_batches(
-            t, s.micro_batch_tokens, s.micro_batch, s.packing, attn_implementation, pad_id
+            t, s.micro_batch_tokens, s.micro_batch, s.packing, attn_implementation, pad_id, context
         )
     first = parts[0] if parts else None
     layout = (
@@ -166,14 +183,28 @@ def plan_micro_batches(
 
 
 def sequence_logprobs(
-    model: Any, part: Tensors, chunk: int, temperature: float, with_entropy: bool = True
+    model: Any,
+    part: Tensors,
+    chunk: int,
+    temperature: float,
+    with_entropy: bool = True,
+    context: ContextGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token log-probs and entropies (S, T) of a micro-batch's sequences, in its
     per-sequence layout, whether it runs packed, padded or with shared prompts
-    (training/prompts.py); `chunk` rows per forward."""
+    (training/prompts.py); `chunk` rows per forward. Under context parallelism (`context`)
+    the micro-batch is packed or prompt rows and runs as one forward, its columns split over
+    the group (training/context/forward.py)."""
     if part.prompts is not None:
-        return shared_logprobs(model, part, chunk, temperature, with_entropy)
+        return shared_logprobs(model, part, chunk, temperature, with_entropy, context)
     p = part.packing
+    if context is not None:
+        if p is None:
+            raise ValueError("context parallelism runs packed micro-batches only")
+        logp, entropy = packed_logprobs(model, p, context, temperature, with_entropy)
+        return _unpack(logp, p.index, part.completion_mask), _unpack(
+            entropy, p.index, part.completion_mask
+        )
     if p is None:
         return token_logprobs(
             model,
@@ -203,8 +234,10 @@ def _unpack(packed: torch.Tensor, index: torch.Tensor, mask: torch.Tensor) -> to
     return torch.where(mask, packed.reshape(-1)[index], 0.0)
 
 
-def reference_logprobs(model: Any, part: Tensors, chunk: int, temperature: float) -> torch.Tensor:
+def reference_logprobs(
+    model: Any, part: Tensors, chunk: int, temperature: float, context: ContextGroup | None = None
+) -> torch.Tensor:
     """The reference model's token log-probs (S, T) of a micro-batch: no grad, no entropy."""
     with torch.no_grad():
-        ref, _ = sequence_logprobs(model, part, chunk, temperature, with_entropy=False)
+        ref, _ = sequence_logprobs(model, part, chunk, temperature, False, context)
     return ref

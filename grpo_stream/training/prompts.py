@@ -33,6 +33,8 @@ import torch
 from grpo_stream.algo.grouped import grouped_logprobs, row_width
 from grpo_stream.algo.logprobs import shared_prompt_logprobs
 from grpo_stream.training.batch import SharedPrompts, Tensors
+from grpo_stream.training.context.forward import rows_logprobs
+from grpo_stream.training.context.groups import ContextGroup
 
 Piece = list[int]
 """Sequence indices that share one prompt (a group, or part of one)."""
@@ -165,12 +167,24 @@ def shared_micro_batches(
 
 
 def shared_logprobs(
-    model: Any, part: Tensors, chunk: int, temperature: float, with_entropy: bool
+    model: Any,
+    part: Tensors,
+    chunk: int,
+    temperature: float,
+    with_entropy: bool,
+    context: ContextGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token log-probs and entropies (S, T) of a shared-prompt micro-batch's sequences."""
+    """Token log-probs and entropies (S, T) of a shared-prompt micro-batch's sequences;
+    under context parallelism (`context`) prompt rows only, split over the group."""
     sp = part.prompts
     if sp is None:
         raise ValueError("shared_logprobs needs a micro-batch built by shared_micro_batches")
+    mask = part.completion_mask
+    if context is not None:
+        if not sp.rows:
+            raise ValueError("context parallelism runs shared prompts as prompt rows only")
+        logp, entropy = rows_logprobs(model, sp, context, temperature, with_entropy)
+        return _to_sequences(logp, sp.index, mask), _to_sequences(entropy, sp.index, mask)
     run = grouped_logprobs if sp.rows else shared_prompt_logprobs  # same arguments
     logp, entropy = run(
         model,
@@ -183,7 +197,6 @@ def shared_logprobs(
         temperature,
         with_entropy,
     )  # (S, C)
-    mask = part.completion_mask
     return _to_sequences(logp, sp.index, mask), _to_sequences(entropy, sp.index, mask)
 
 

@@ -12,7 +12,10 @@ restores the last snapshot; when that goes back past applied steps the version s
 
 Several ranks (torchrun) either replicate the model under DDP or shard it with FSDP2
 (`trainer.parallel`, see grpo_stream.training.fsdp). Under FSDP2 `checkpoint` and
-`named_weights` are collective: every rank calls them at the same points.
+`named_weights` are collective: every rank calls them at the same points. With
+`trainer.context_parallel = N` each N ranks split every sequence of their shard
+(grpo_stream.training.context): every forward runs through the group, the backward is
+scaled by N and the loss normalisers count the data-parallel groups.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from grpo_stream.training.checkpoint import (
     resume_point,
     save_checkpoint,
 )
+from grpo_stream.training.context.check import use_context
+from grpo_stream.training.context.groups import ContextGroup, context_groups
 from grpo_stream.training.fsdp import full_model_state, max_over_ranks
 from grpo_stream.training.lora import LoraPolicy
 from grpo_stream.training.minibatches import merge, own_totals, shard_totals, split_rows
@@ -101,6 +106,7 @@ class TrainState:
     staging: HostStaging | None = None  # pinned device -> host buffer for publishing (GPU)
     layout: str = ""  # the last step's micro-batch layout: rows, shared, packed or padded
     rows_ok: bool = False  # trainer.prompt_rows applies: the model passed grouped.rows_work
+    context: ContextGroup | None = None  # trainer.context_parallel > 1: this rank's group
 
     @classmethod
     def create(cls, cfg: RunConfig, resume: bool = False) -> TrainState:
@@ -126,9 +132,14 @@ class TrainState:
         log.info("trainer.device", device=device, precision=mode, world=world)
         if ckpt is not None:
             restore_trainer_state(state, ckpt, sent)
+        if t.context_parallel > 1:  # every rank holds the same weights by now
+            state.context = context_groups(t.context_parallel, rank, world)
+            use_context(model, ref, state.context, cfg.model.name_or_path)
         if world > 1 and not sharded:
             state.ddp = wrap_ddp(model, device, t.ddp_bucket_mb)
-        if t.prompt_rows and state._shares_prompts(str(model.config._attn_implementation)):
+        if state.context is not None:  # rows run through the group's attention, checked
+            state.rows_ok = t.prompt_rows
+        elif t.prompt_rows and state._shares_prompts(str(model.config._attn_implementation)):
             state.rows_ok = rows_work(model)
             log.info("trainer.prompt_rows", works=state.rows_ok)
         state.guard.snapshot(model, optimizer, state.regularizer, state.step, scheduler)
@@ -256,6 +267,7 @@ class TrainState:
                             part,
                             settings.chunk_for(part.forward_shape[1], self.vocab_size()),
                             sampling.temperature,
+                            self.context,
                         )
                         for part in parts
                     ]
@@ -284,8 +296,10 @@ class TrainState:
         return int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
 
     def _totals(self, t: Tensors, batch: TrainBatch) -> tuple[float, float]:
-        """Loss normalisers of this rank's shard (`minibatches.shard_totals`)."""
-        return shard_totals(t, batch.step, batch.totals, self.world_size)
+        """Loss normalisers of this rank's shard (`minibatches.shard_totals`): the step
+        is split over the data-parallel groups (the ranks of a context group share one)."""
+        groups = self.world_size // (self.context.size if self.context else 1)
+        return shard_totals(t, batch.step, batch.totals, groups)
 
     def _forward_backward(
         self,
@@ -300,6 +314,9 @@ class TrainState:
         total = torch.zeros((), device=self.device)
         sums: dict[str, float] = {}
         parts = self._micro_batches(t)
+        # a context group's N ranks each hold a part of the gradient, which DDP and FSDP2
+        # average as if each were a replica: scaled by N, the average adds the parts up
+        scale = float(self.context.size) if self.context is not None else 1.0
         for i in range(self._passes(len(parts))):
             part = parts[min(i, len(parts) - 1)]
             # under DDP, gradients are all-reduced on the last micro-batch only
@@ -318,7 +335,7 @@ class TrainState:
                 if i >= len(parts):  # FSDP2 filler pass (see _passes): no gradient, no metrics
                     self.precision.backward(loss * 0.0)
                     continue
-                self.precision.backward(loss)
+                self.precision.backward(loss * scale)
             total = total + loss.detach()
             weight = float(m.get("num_tokens", 0.0))
             for k, v in m.items():
@@ -334,8 +351,9 @@ class TrainState:
         device; their layout is kept for the step's metrics."""
         impl = str(self.model.config._attn_implementation)
         share = self._shares_prompts(impl)
+        context = self.context is not None
         parts, self.layout = plan_micro_batches(
-            t, self.cfg.trainer, impl, self._pad_id(), share, self._max_row(share)
+            t, self.cfg.trainer, impl, self._pad_id(), share, self._max_row(share), context
         )
         return [part.to(self.device) for part in parts]
 
@@ -347,8 +365,11 @@ class TrainState:
     def _shares_prompts(self, attn_implementation: str) -> bool:
         """trainer.share_prompts applies: one rank (DDP's reducer and FSDP2's collectives
         expect one forward per backward; a shared-prompt micro-batch runs two), no activation
-        checkpointing (transformers drops the KV cache under it), sdpa or eager attention."""
+        checkpointing (transformers drops the KV cache under it), sdpa or eager attention.
+        Under context parallelism: as prompt rows only (one forward, through the group)."""
         s = self.cfg.trainer
+        if self.context is not None:
+            return s.share_prompts and s.prompt_rows
         return (
             s.share_prompts
             and self.ddp is None
@@ -386,15 +407,17 @@ class TrainState:
         # with a deterministic forward it is this forward's own values (offpolicy.py)
         wants = prox is None and settings.weighted
         if wants and not deterministic_forward(self.cfg):
-            prox = proximal_logprobs(self.model, part, chunk, temperature)
-        logp, entropy = sequence_logprobs(model, part, chunk, temperature)
+            prox = proximal_logprobs(self.model, part, chunk, temperature, self.context)
+        logp, entropy = sequence_logprobs(model, part, chunk, temperature, True, self.context)
         if wants and prox is None:
             prox = logp.detach()
         self.meter.add(logp.detach() if prox is None else prox, part, self.version)
         ref_logp = None
         if self.ref_model is not None:
             ref_chunk = settings.chunk_for(width, self.vocab_size())
-            ref_logp = reference_logprobs(self.ref_model, part, ref_chunk, temperature)
+            ref_logp = reference_logprobs(
+                self.ref_model, part, ref_chunk, temperature, self.context
+            )
         loss, m = grpo_loss(
             logp,
             part.old_logp,

@@ -64,6 +64,21 @@ def test_several_minibatches_on_several_ranks_are_refused() -> None:
     assert load_config(None, ["trainer.minibatches=4"]).trainer.minibatches == 4
 
 
+def test_a_context_parallel_degree_that_does_not_divide_the_ranks_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"context_parallel = 2 must divide trainer\.ranks = 3"):
+        load_config(None, ["trainer.context_parallel=2", "trainer.ranks=3"])
+    cfg = load_config(None, ["trainer.context_parallel=2", "trainer.ranks=4"])
+    assert cfg.trainer.data_ranks == 2
+
+
+def test_context_parallel_groups_need_a_group_of_the_step_each_not_every_rank() -> None:
+    # 4 ranks in 2 context groups train 2 shards of a step: 2 groups per step suffice
+    sets = ["trainer.context_parallel=2", "trainer.ranks=4", "hub.groups_per_step=2"]
+    assert load_config(None, sets).hub.groups_per_step == 2
+    with pytest.raises(ConfigError, match="groups_per_step must be at least"):
+        load_config(None, ["trainer.ranks=4", "hub.groups_per_step=2"])
+
+
 def test_cross_field_check_capacity_vs_batch() -> None:
     with pytest.raises(ConfigError, match="capacity"):
         load_config(None, ["hub.groups_per_step=64", "hub.replay.capacity=8"])

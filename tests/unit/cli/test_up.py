@@ -26,6 +26,10 @@ def _up(tmp_path, *args: str):
         (["--launcher", "k8s"], "--launcher k8s: choose one of local, ray"),
         (["--address", "10.0.0.1:6379"], "it needs --launcher ray"),
         (["--launcher", "ray", "--cluster", "c.toml"], "drop --cluster"),
+        (
+            ["--set", "trainer.context_parallel=3", "--set", "trainer.ranks=3"],
+            "trainer.context_parallel = 3 does not divide the 2 attention heads",
+        ),
     ],
     ids=[
         "prompts-too-long",
@@ -38,6 +42,7 @@ def _up(tmp_path, *args: str):
         "launcher",
         "address",
         "ray-and-cluster",
+        "context-parallel-heads",
     ],
 )
 def test_a_bad_input_exits_2_with_one_line_and_no_run_dir(tmp_path, args, says):

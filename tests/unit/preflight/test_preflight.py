@@ -82,6 +82,32 @@ def test_max_tokens_past_the_context_is_refused_with_the_sum(tmp_path):
         preflight(_cfg(tmp_path, "generator.max_tokens=60"))
 
 
+def test_a_context_parallel_degree_that_divides_the_heads_passes(tmp_path):
+    cfg = _cfg(tmp_path, "trainer.context_parallel=2", "trainer.ranks=2")
+    lines = preflight(cfg)
+    assert "context parallel: 2 ranks a sequence (2 heads, longest" in lines[3]
+
+
+def test_a_context_parallel_degree_that_does_not_divide_the_heads_is_one_line(tmp_path):
+    with pytest.raises(PreflightError) as err:
+        preflight(_cfg(tmp_path, "trainer.context_parallel=3", "trainer.ranks=3"))
+    message = str(err.value)
+    assert message.startswith("trainer.context_parallel = 3 does not divide the 2 attention")
+    assert "\n" not in message
+
+
+def test_sequences_shorter_than_the_context_parallel_degree_are_refused(tmp_path):
+    # the tiny model with 16 heads (pre-flight reads config.json and the tokenizer only)
+    copy = tmp_path / "model"
+    shutil.copytree(TINY, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "num_attention_heads": 16}))
+    sets = ["trainer.context_parallel=16", "trainer.ranks=16"]
+    cfg = _cfg(tmp_path, f'model.name_or_path="{copy}"', "generator.max_tokens=1", *sets)
+    with pytest.raises(PreflightError, match=r"longest sequence is \d+ tokens \(prompt \d+ \+ "):
+        preflight(cfg)
+
+
 def test_a_missing_local_model_path_is_named(tmp_path):
     with pytest.raises(PreflightError, match=r"name_or_path: \./no-such-model does not exist"):
         preflight(_cfg(tmp_path, 'model.name_or_path="./no-such-model"'))
