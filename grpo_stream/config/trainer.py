@@ -81,12 +81,12 @@ class TrainerSettings(BaseModel):
     fsdp2 shards parameters, gradients and optimizer state per decoder layer (for models
     that do not fit one device)."""
     context_parallel: int = Field(1, ge=1)
-    """Context parallelism: each sequence is split over this many trainer ranks (Ulysses:
-    every layer's attention exchanges heads for sequence with two all-to-alls, so each rank
-    holds 1/N of every sequence's activations; exact). trainer.ranks must be a multiple: the
-    ranks form trainer.ranks / N data-parallel groups of N (DDP or FSDP2 across all ranks).
-    N must divide the model's attention heads. micro_batch_tokens counts whole rows: each
-    rank holds about micro_batch_tokens / N of them (training/context/)."""
+    """Context parallelism: each sequence is split over this many trainer ranks, each
+    holding 1/N of its tokens and activations (Ulysses: every attention layer trades tokens
+    for heads with all-to-alls; exact). trainer.ranks must be a multiple: the ranks form
+    trainer.ranks / N groups of N, each training its shard of the step (DDP or FSDP2 across
+    all ranks). N must divide the model's attention heads. micro_batch_tokens counts whole
+    rows: each rank holds about micro_batch_tokens / N of them (guide: long sequences)."""
     bind: str = "tcp://127.0.0.1:0"
     """Address of the weight server (ROUTER) and announcer (PUB uses the next port)."""
     announce_bind: str | None = None

@@ -1,6 +1,6 @@
-"""`grpo-stream up` with a two-rank trainer (torchrun, gloo on the CPU; DDP, then FSDP2)
-finishes a short run: every step has its metrics and the final checkpoint loads with
-transformers."""
+"""`grpo-stream up` with a two-rank trainer (torchrun, gloo on the CPU; DDP, FSDP2, then
+both ranks splitting every sequence: trainer.context_parallel = 2) finishes a short run:
+every step has its metrics and the final checkpoint loads with transformers."""
 
 from __future__ import annotations
 
@@ -16,13 +16,21 @@ STEPS = 3
 pytestmark = pytest.mark.slow  # over 20 s: torchrun, two ranks loading the model
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp2"])
+RANKS = {
+    "ddp": ["trainer.parallel=ddp"],
+    "fsdp2": ["trainer.parallel=fsdp2"],
+    "context": ["trainer.context_parallel=2"],
+}
+"""How the two ranks share the work."""
+
+
+@pytest.fixture(scope="module", params=list(RANKS))
 def finished_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     run_dir = tmp_path_factory.mktemp("ranks") / "run"
     # default heartbeats: two trainer ranks on a small shared CPU must not look lost
     sets = ["trainer.ranks=2", "trainer.micro_batch=4", "hub.groups_per_step=4",
             "generator.group_size=4", "generator.prompts_per_request=4",
-            f"trainer.parallel={request.param}"]  # fmt: skip
+            *RANKS[request.param]]  # fmt: skip
     cmd = [sys.executable, "-m", "grpo_stream.cli.main", "up", "--run-dir", str(run_dir),
            "--max-steps", str(STEPS)] + [a for s in sets for a in ("--set", s)]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=280)

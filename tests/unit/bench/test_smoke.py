@@ -17,6 +17,7 @@ RESULTS = REPO / "bench" / "results"
 
 SMOKE = {
     "async_vs_sync": r"^ratio async/sync steps/s: \d",
+    "context_parallel": r"^time per token CP2/CP1 rank-seconds: \d",
     "ddp": r"^ratio after/overlap: \d",
     "distill": r"^distill reaches reward's final pass@1",
     "generate": r"speedup \d+\.\d+x$",

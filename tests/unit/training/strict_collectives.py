@@ -71,7 +71,12 @@ COLLECTIVES = (
     "gather",
     "scatter",
 )
-PACKAGES = ("grpo_stream", "grpo_stream.training", "grpo_stream.algo")
+PACKAGES = (
+    "grpo_stream",
+    "grpo_stream.training",
+    "grpo_stream.training.context",
+    "grpo_stream.algo",
+)
 DIST = "torch.distributed"
 
 
@@ -93,8 +98,9 @@ def _uses_torch_distributed(path: Path) -> bool:
 
 
 def distributed_modules() -> frozenset[str]:
-    """Modules of grpo_stream.training and grpo_stream.algo, and grpo_stream's own top-level
-    modules (grpo_stream.collectives), that use torch.distributed."""
+    """Modules of grpo_stream.training (context parallelism's included) and grpo_stream.algo,
+    and grpo_stream's own top-level modules (grpo_stream.collectives), that use
+    torch.distributed."""
     found = set()
     for package in PACKAGES:
         root = Path(importlib.import_module(package).__path__[0])

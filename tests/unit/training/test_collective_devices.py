@@ -8,7 +8,8 @@ and each collective checks its tensors against the trainer's resolved device.
 
 The fast tests use one gloo rank (a process group of one: the collectives run, and check);
 the slow one runs two ranks under torchrun through FSDP2 and DDP steps with the regularizer,
-a rollback, the weight gather and a checkpoint (this file is its script).
+a rollback, the weight gather and a checkpoint, then both ranks splitting the sequences of
+a step (context parallelism) with a rollback (this file is its script).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from strict_collectives import (
 from trainstates import make_batch, run_ranks, step_and_shards
 
 WORLD = 2
+CONTEXT = ("trainer.ranks=2", "trainer.context_parallel=2")
 
 
 def _config(run_dir: Path, *sets: str) -> RunConfig:
@@ -69,7 +71,8 @@ def one_rank(tmp_path: Path) -> Iterator[None]:
 
 def test_the_modules_that_use_torch_distributed_are_found() -> None:
     found = distributed_modules()
-    for module in ("training.fsdp", "collectives", "algo.regularizer", "algo.rollback"):
+    context = ("training.context.attention", "training.context.forward", "training.context.groups")
+    for module in ("training.fsdp", "collectives", "algo.regularizer", "algo.rollback", *context):
         assert f"grpo_stream.{module}" in found
     assert "grpo_stream.training.batch" not in found  # builds host tensors by design
 
@@ -117,6 +120,7 @@ def test_a_minibatch_step_with_a_rollback_keeps_collectives_on_the_trainers_devi
 
 def _rank(out: Path) -> None:
     """One rank under torchrun: FSDP2 then DDP steps, all inside the strict gloo."""
+    from grpo_stream.training.context.groups import share_batch
     from grpo_stream.training.state import TrainState
 
     torch.set_num_threads(1)
@@ -132,6 +136,14 @@ def _rank(out: Path) -> None:
             state.checkpoint()
             results[parallel] = {"applied": applied, "rollbacks": state.guard.total}
             torch.distributed.barrier()
+        # both ranks split every sequence of the whole step (one context group), its batch
+        # shared by the leader
+        state = TrainState.create(_config(out / "context", *CONTEXT))
+        assert state.context is not None
+        whole = step_and_shards(4, WORLD)[0] if state.context.leads else None
+        batches = [share_batch(state.context, whole, lambda: None) for _ in range(3)]
+        applied = [state.train_step(batch).applied for batch in batches if batch is not None]
+        results["context"] = {"applied": applied, "rollbacks": state.guard.total}
     results["seen"] = dict(seen)
     results["redirected"] = dict(mode.redirected)
     if rank == 0:
@@ -151,9 +163,11 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_fsdp2_and_ddp_steps_keep_every_collective_on_the_trainers_device(
     ranks: dict[str, Any],
 ) -> None:
-    for parallel in ("fsdp2", "ddp"):
+    for parallel in ("fsdp2", "ddp", "context"):
         assert ranks[parallel] == {"applied": [True, False, True], "rollbacks": 1}, parallel
     seen = ranks["seen"]
+    # context parallelism's: the shared batch, the attention's exchanges, the log-probs
+    assert seen["share_batch"] >= 6 and seen["_all_to_all"] >= 6 and seen["forward"] >= 6
     # the call sites: FSDP2's micro-batch count, the sharded norm, the rollback guard (both)
     assert seen["max_over_ranks"] >= 2 and seen["global_grad_norm"] >= 2
     assert seen["check"] >= 6
