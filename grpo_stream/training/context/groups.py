@@ -53,6 +53,11 @@ class ContextGroup:
 def context_groups(degree: int, rank: int, world: int) -> ContextGroup:
     """Collective: the process group of each N consecutive ranks (every rank creates every
     group, in the same order, as torch.distributed requires); this rank's among them."""
+    if world % degree:
+        raise ValueError(
+            f"trainer.context_parallel = {degree} needs a multiple of {degree} ranks; this "
+            f"trainer has {world} (start it with `grpo-stream up`, which runs trainer.ranks)"
+        )
     dist = torch.distributed
     mine = None
     for first in range(0, world, degree):
