@@ -18,16 +18,19 @@ over the ranks.
 2. Time per token at one length T1 (CP 1's longest): each search launch times `--steps`
    steps at T1 (CP 2's launch is given T1), then `--pairs` more launches per degree time
    it again, alternating CP 1 and CP 2 (load on a shared machine hits both alike); per
-   side the median. Wall seconds per token, and rank-seconds per token (wall x ranks: what
-   the tokens cost in devices).
+   side the median. Wall seconds per token; rank-seconds per token (wall x ranks: what the
+   tokens cost in devices, on a machine whose ranks each have a core); CPU seconds per
+   token summed over the ranks (what they cost in compute where ranks wait for a core).
 
-Run: python -m bench.context_parallel [--budget-mb 512] [--pairs 2]
-Last lines: `longest CP2/CP1: R` then `time per token CP2/CP1 rank-seconds: R (wall R)`.
+Run: python -m bench.context_parallel [--budget-mb 256] [--pairs 2]
+Last lines: `longest CP2/CP1: R`, then `time per token CP2/CP1 rank-seconds: R (wall R, CPU
+seconds R)`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -42,12 +45,16 @@ from bench.common import TINY_MODEL, add_smoke, parse, results_path
 
 PROMPT = 16  # prompt tokens of the probe's sequence
 WARMUP = 256  # tokens of the warm-up step
+MMAP_THRESHOLD = 1 << 17
+"""glibc's mmap threshold in the probes (MALLOC_MMAP_THRESHOLD_): a fixed one, so a freed
+tensor's pages leave the resident set at once (the default threshold rises after the first
+large free, and later tensors then stay in the heap, resident after they are freed)."""
 SHAPE = {"hidden": 256, "intermediate": 1024, "layers": 4, "heads": 4, "kv_heads": 2}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.context_parallel", description=__doc__)
-    p.add_argument("--budget-mb", type=float, default=512.0, help="step memory per rank")
+    p.add_argument("--budget-mb", type=float, default=256.0, help="step memory per rank")
     p.add_argument("--first", type=int, default=1024, help="the first length tried")
     p.add_argument("--resolution", type=int, default=128, help="tokens the bisection resolves")
     p.add_argument("--max-length", type=int, default=1 << 16, help="longest length tried")
@@ -123,23 +130,28 @@ def _status_mb(field: str) -> float:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _measure(state: Any, length: int, steps: int) -> tuple[float, float]:
-    """(step memory MiB, median step seconds) of `steps` steps of one `length` sequence,
-    the largest over the group's ranks."""
+def _measure(state: Any, length: int, steps: int) -> tuple[float, float, float]:
+    """(step memory MiB, the largest over the group's ranks; median step wall seconds, the
+    largest over the ranks; median step CPU seconds, summed over the ranks) of `steps`
+    steps of one `length` sequence."""
     import torch
 
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap pages back to the system first
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from now
     before = _status_mb("VmRSS")
-    seconds = []
+    wall, cpu = [], []
     for step in range(steps):
-        start = time.perf_counter()
+        start, used = time.perf_counter(), time.process_time()
         if not state.train_step(_batch(length, step + 1)).applied:
             raise RuntimeError(f"T {length}: the step did not apply")
-        seconds.append(time.perf_counter() - start)
-    numbers = torch.tensor([_status_mb("VmHWM") - before, statistics.median(seconds)])
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - used)
+    peaks = torch.tensor([_status_mb("VmHWM") - before, statistics.median(wall)])
+    spent = torch.tensor([statistics.median(cpu)])
     if state.world_size > 1:
-        torch.distributed.all_reduce(numbers, op=torch.distributed.ReduceOp.MAX)
-    return float(numbers[0]), float(numbers[1])
+        torch.distributed.all_reduce(peaks, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(spent)
+    return float(peaks[0]), float(peaks[1]), float(spent[0])
 
 
 def search(state: Any, args: argparse.Namespace) -> tuple[int, list[dict[str, Any]]]:
@@ -148,7 +160,7 @@ def search(state: Any, args: argparse.Namespace) -> tuple[int, list[dict[str, An
     probes: list[dict[str, Any]] = []
 
     def fits(length: int) -> bool:
-        memory, seconds = _measure(state, length, 1)
+        memory, seconds, _ = _measure(state, length, 1)
         probes.append({"length": length, "memory_mb": round(memory, 1), "step_s": seconds})
         return memory <= args.budget_mb
 
@@ -190,7 +202,7 @@ def run_launch(args: argparse.Namespace) -> None:
     state.train_step(_batch(WARMUP, 0))
     found, probes = (0, []) if args.time_only else search(state, args)
     length = args.time_at or found
-    memory, seconds = _measure(state, length, args.steps)
+    memory, seconds, cpu = _measure(state, length, args.steps)
     if state.rank == 0:
         result = {
             "degree": degree,
@@ -199,6 +211,7 @@ def run_launch(args: argparse.Namespace) -> None:
             "timed_length": length,
             "timed_memory_mb": round(memory, 1),
             "step_s": seconds,
+            "cpu_s": cpu,
         }
         Path(args.out).write_text(json.dumps(result))
 
@@ -233,6 +246,7 @@ def launch(args: argparse.Namespace, degree: int, time_at: int, time_only: bool)
     ]
     opts += ["--checkpointing"] * args.checkpointing + ["--time-only"] * time_only
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     done = subprocess.run([*me, *opts], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"CP {degree} failed: {done.stderr[-3000:]}")
@@ -255,13 +269,12 @@ def main(argv: list[str] | None = None) -> None:
     one = launch(args, 1, 0, time_only=False)
     length = one["longest"]
     two = launch(args, 2, length, time_only=False)
-    timed = {1: [one["step_s"]], 2: [two["step_s"]]}
+    runs = {1: [one], 2: [two]}
     for _ in range(args.pairs):
         for degree in (1, 2):
-            timed[degree].append(launch(args, degree, length, time_only=True)["step_s"])
-    step = {degree: statistics.median(times) for degree, times in timed.items()}
-    wall = {d: step[d] / length for d in step}
-    cost = {d: wall[d] * d for d in step}
+            runs[degree].append(launch(args, degree, length, time_only=True))
+    wall = {d: statistics.median(r["step_s"] for r in runs[d]) / length for d in runs}
+    cpu = {d: statistics.median(r["cpu_s"] for r in runs[d]) / length for d in runs}
     summary = {
         "budget_mb": args.budget_mb,
         "hidden": args.hidden,
@@ -269,18 +282,23 @@ def main(argv: list[str] | None = None) -> None:
         "longest": {1: one["longest"], 2: two["longest"]},
         "probes": {1: one["probes"], 2: two["probes"]},
         "timed_length": length,
-        "step_s": timed,
+        "step_s": {d: [r["step_s"] for r in runs[d]] for d in runs},
+        "cpu_s": {d: [r["cpu_s"] for r in runs[d]] for d in runs},
         "load_before": load,
         "load_after": os.getloadavg()[0],
     }
     results_path("context_parallel.json").write_text(json.dumps(summary, indent=1))
     print(f"load {load:.1f} -> {summary['load_after']:.1f}; budget {args.budget_mb} MB/rank")
     print(f"longest CP1 {one['longest']} tokens, CP2 {two['longest']} tokens")
-    print(f"at T={length}: CP1 {step[1]:.3f} s/step, CP2 {step[2]:.3f} s/step (medians)")
+    print(
+        f"at T={length}, medians per token: CP1 {wall[1] * 1e3:.2f} ms wall, "
+        f"{cpu[1] * 1e3:.2f} ms CPU; CP2 {wall[2] * 1e3:.2f} ms wall, {cpu[2] * 1e3:.2f} ms "
+        "CPU (both ranks)"
+    )
     print(f"longest CP2/CP1: {two['longest'] / one['longest']:.2f}")
     print(
-        f"time per token CP2/CP1 rank-seconds: {cost[2] / cost[1]:.2f} "
-        f"(wall {wall[2] / wall[1]:.2f})"
+        f"time per token CP2/CP1 rank-seconds: {2 * wall[2] / wall[1]:.2f} "
+        f"(wall {wall[2] / wall[1]:.2f}, CPU seconds {cpu[2] / cpu[1]:.2f})"
     )
 
 

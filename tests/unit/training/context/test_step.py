@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ from grpo_stream.config import RunConfig, load_config
 from grpo_stream.protocols.messages import TrainBatch
 from grpo_stream.training.batch import to_tensors
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/unit/training: test_ddp
-import test_ddp
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/unit/training
+from trainstates import run_ranks, step_and_shards
 
 WORLD = 4
 DEGREE = 2
@@ -46,7 +45,7 @@ LAYOUTS = {"ddp": "packed", "fsdp2": "rows"}
 
 def _batches() -> tuple[TrainBatch, list[TrainBatch]]:
     """The whole step (four groups) and its two data shards (the hub's split)."""
-    whole, shards = test_ddp._batches(4)
+    whole, shards = step_and_shards(4, WORLD // DEGREE)
     assert len(shards) == WORLD // DEGREE
     return whole, shards
 
@@ -98,11 +97,7 @@ def _rank(out: Path) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("context_step")
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd = [*torchrun, f"--nproc-per-node={WORLD}", __file__, str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_ranks(__file__, out, WORLD, timeout=540)
     results: dict[str, Any] = torch.load(out / "context.pt", weights_only=False)
     return results
 
