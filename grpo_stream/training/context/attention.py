@@ -70,6 +70,11 @@ class _Exchange(torch.autograd.Function):
         return _all_to_all(grad, ctx.group), None
 
 
+def _exchange(x: torch.Tensor, group: Any) -> torch.Tensor:
+    out: torch.Tensor = _Exchange.apply(x, group)  # type: ignore[no-untyped-call]
+    return out
+
+
 def _all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
@@ -81,7 +86,7 @@ def heads_for_sequence(x: torch.Tensor, group: Any, n: int) -> torch.Tensor:
     """(R, H, L, D) of this rank's columns -> (R, H / N, N * L, D) of its head group."""
     rows, heads, length, dim = x.shape
     blocks = x.view(rows, n, heads // n, length, dim).transpose(0, 1)  # (N, R, H/N, L, D)
-    got = _Exchange.apply(blocks, group)  # block j: rank j's columns
+    got = _exchange(blocks, group)  # block j: rank j's columns
     return got.permute(1, 2, 0, 3, 4).reshape(rows, heads // n, n * length, dim)
 
 
@@ -89,7 +94,7 @@ def sequence_for_heads(y: torch.Tensor, group: Any, n: int) -> torch.Tensor:
     """(R, H / N, W, D) of this rank's head group -> (R, H, W / N, D) of its columns."""
     rows, part, width, dim = y.shape
     blocks = y.view(rows, part, n, width // n, dim).permute(2, 0, 1, 3, 4)  # (N, R, H/N, L, D)
-    got = _Exchange.apply(blocks, group)  # block j: rank j's head group
+    got = _exchange(blocks, group)  # block j: rank j's head group
     return got.transpose(0, 1).reshape(rows, n * part, width // n, dim)
 
 

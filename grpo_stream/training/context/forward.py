@@ -51,7 +51,7 @@ class _Gathered(torch.autograd.Function):
 
 
 def _gathered(values: torch.Tensor, ctx: ContextGroup) -> torch.Tensor:
-    out: torch.Tensor = _Gathered.apply(values, ctx.group)
+    out: torch.Tensor = _Gathered.apply(values, ctx.group)  # type: ignore[no-untyped-call]
     return out
 
 
