@@ -128,15 +128,18 @@ def join_all(
     wait until every one got its Welcome."""
     transport, security = TransportSettings(), SecuritySettings()
     peers = [Peer(n, Client(ctx, hub, transport, security, n)) for n in names]
-    for rank, peer in enumerate(peers):
-        hello = m.Hello(
-            service=service, instance=peer.instance, host=socket.gethostname(),
-            pid=os.getpid(), capacity=1, rank=rank if service == "trainer" else 0,
-        )  # fmt: skip
-        if secret is not None:
-            sign(hello, secret)
-            peer.client.sealer = Sealer(session_key(secret, hello), MAIN)
-        peer.client.send(hello)
+    ranks = {p.instance: (i if service == "trainer" else 0) for i, p in enumerate(peers)}
+
+    def hello(peer: Peer, challenge: str) -> None:
+        host, rank = socket.gethostname(), ranks[peer.instance]
+        msg = m.Hello(service, peer.instance, host, os.getpid(), capacity=1, rank=rank)
+        if secret is not None:  # signed for the hub's challenge (its answer to the first)
+            sign(msg, secret, challenge)
+            peer.client.sealer = Sealer(session_key(secret, msg), MAIN)
+        peer.client.send(msg)
+
+    for peer in peers:
+        hello(peer, "")
     waiting = {p.client.socket: p for p in peers}
     poller = zmq.Poller()
     for sock in waiting:
@@ -148,6 +151,8 @@ def join_all(
         for sock, _ in poller.poll(1000):
             peer = waiting[sock]
             reply = peer.client.recv(0)
+            if isinstance(reply, m.Challenge):
+                hello(peer, reply.challenge)
             if isinstance(reply, m.Error):
                 raise RuntimeError(f"{peer.instance}: hub refused Hello: {reply.message}")
             if isinstance(reply, m.Welcome):

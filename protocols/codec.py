@@ -30,7 +30,7 @@ from grpo_stream.protocols.schema import FieldSpec, Message, Struct, schema
 if TYPE_CHECKING:
     import zmq
 
-PROTO_VERSION = 7
+PROTO_VERSION = 8
 """The protocol's major version; a peer with another one is refused."""
 
 _MAX_NDIM = 32

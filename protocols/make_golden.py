@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from grpo_stream.protocols import distill as t
+from grpo_stream.protocols import episodes as e
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols import payloads as p
 from grpo_stream.protocols.arrays import wire_dtypes
@@ -174,8 +175,9 @@ def _control_examples() -> list[m.Message]:
             rank=0,
             fingerprint={"device": "cpu", "cores": 2, "score": 0.5},
             endpoints=m.Endpoints(weights="tcp://10.0.0.1:5601", announce="tcp://10.0.0.1:5602"),
-            auth="v1:1700000000000:00112233445566778899aabbccddeeff:" + "ab" * 32,
+            auth="v2:1700000000000:00112233445566778899aabbccddeeff:" + "0f" * 16 + ":" + "ab" * 32,
         ),
+        m.Challenge(challenge="0f" * 16, in_reply_to="hello"),
         m.Welcome(
             run_id="run-1",
             config={"hub": {"groups_per_step": 16}, "model": {"name_or_path": "tiny"}},
@@ -195,10 +197,16 @@ def _control_examples() -> list[m.Message]:
         m.BatchRequest(step=12, trainer_version=4, rank=0, world_size=1),
         m.WeightsAnnounce(version=5, num_tensors=3, total_bytes=32, checksum=42),
         m.WeightsRequest(
-            version=-1, have=4, relay="tcp://10.0.0.2:5601", direct=False, auth="cd" * 32
+            version=-1,
+            have=4,
+            relay="tcp://10.0.0.2:5601",
+            direct=False,
+            auth="v2:1700000000000:00112233445566778899aabbccddeeff:" + "cd" * 32,
         ),
         m.WeightsRedirect(version=5, base=4, address="tcp://10.0.0.2:5601", checksum=42),
-        m.StatusRequest(auth="v1:1700000000000:00112233445566778899aabbccddeeff:" + "ef" * 32),
+        m.StatusRequest(
+            auth="v2:1700000000000:00112233445566778899aabbccddeeff:" + "0f" * 16 + ":" + "ef" * 32
+        ),
         m.RolloutEvidence(
             step=12, group_ids=[100, 101], gaps=[0.015, 2.5], tokens=[7, 12], staleness=[1, 0]
         ),
@@ -283,9 +291,28 @@ def _teaching_examples() -> list[m.Message]:
     ]
 
 
+def _episode_examples() -> list[m.Message]:
+    offsets = np.array([0, 3, 4], dtype=np.int64)
+    reference = {"target": 11, "high": 16}
+    actions = ["8", "12", "10", "7"]
+    rewards = np.array([0.1, 0.1, 0.1, np.nan], dtype=np.float32)
+    said = ["higher 9-16:", "lower 9-11:", "higher 11-11:", ""]
+    errors = ["", "step raised ValueError: x"]
+    return [
+        e.EpisodeScoreRequest(13, 100, "guess 1-16:", reference, actions, offsets),
+        e.EpisodeScored(13, 100, rewards, said, [False] * 4, errors),
+    ]
+
+
 def examples() -> list[m.Message]:
     """One fixed example of every message kind, in registry order."""
-    every = _control_examples() + _data_examples() + _payload_examples() + _teaching_examples()
+    every = (
+        _control_examples()
+        + _data_examples()
+        + _payload_examples()
+        + _teaching_examples()
+        + _episode_examples()
+    )
     by_kind = {msg.KIND: msg for msg in every}
     return [by_kind[kind] for kind in MESSAGES]
 

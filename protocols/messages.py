@@ -68,7 +68,21 @@ class Hello(Message):
     endpoints: Endpoints | None = None
     """What a rank-0 trainer serves (None from every other service)."""
     auth: str = ""
-    """The Hello's signature with the run's secret (`grpo_stream.hub.auth`)."""
+    """The Hello's signature with the run's secret over its fields and the hub's current
+    challenge (`grpo_stream.hub.auth`)."""
+
+
+@dataclass(eq=False)
+class Challenge(Message):
+    """The hub's answer to a signed request (Hello, StatusRequest) that does not answer the
+    hub's current challenge: sign it again with this one. A hub draws a new challenge each
+    time it starts, so nothing signed for a hub before its restart is accepted after it."""
+
+    KIND: ClassVar[str] = "challenge"
+    challenge: str
+    """32 hex digits, random per hub process."""
+    in_reply_to: str
+    """The kind of the request to sign again (hello or status_request)."""
 
 
 @dataclass(eq=False)
@@ -251,8 +265,9 @@ class WeightsRequest(Message):
     direct: bool = False
     """Serve from this server, never redirect (a fetcher whose relay failed)."""
     auth: str = ""
-    """With `relay`: the claim's signature with the run's secret (`transport.runsecret`);
-    a server with a secret makes no relay of a fetcher without a valid one."""
+    """The request's signature with the run's secret (`transport.runsecret.sign_fetch`):
+    a weight server or relay with the secret serves no request without a valid, fresh and
+    unseen one (only members of the run read its weights)."""
 
 
 @dataclass(eq=False)
@@ -296,8 +311,9 @@ class StatusRequest(Message):
 
     KIND: ClassVar[str] = "status_request"
     auth: str = ""
-    """Signed with the run's status key (`grpo_stream.hub.auth`): a hub with a secret answers
-    no request without a valid, fresh, unseen one."""
+    """Signed with the run's status key and the hub's current challenge
+    (`grpo_stream.hub.auth`): a hub with a secret answers no request without a valid, fresh,
+    unseen one."""
 
 
 @dataclass(eq=False)
@@ -347,6 +363,7 @@ CORE_MESSAGES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (
         Hello,
+        Challenge,
         Welcome,
         Heartbeat,
         WorkRequest,

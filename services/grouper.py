@@ -30,6 +30,8 @@ import structlog
 import torch  # noqa: F401
 
 from grpo_stream.config import RunConfig
+from grpo_stream.envs.registry import replayable
+from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.hub import guard
 from grpo_stream.hub.batches import step_stats
@@ -47,11 +49,13 @@ from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.hub.shares import ShareBook
 from grpo_stream.hub.state import load_state, save_state
 from grpo_stream.hub.status import hub_status
+from grpo_stream.hub.transcript import Transcripts
 from grpo_stream.hub.trust import TrustGate
 from grpo_stream.hub.watchdog import Watchdog
 from grpo_stream.models.loading import load_tokenizer
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.distill import Taught
+from grpo_stream.protocols.episodes import EpisodeScored
 from grpo_stream.protocols.payloads import PayloadLost, RolloutMeta
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.session.hub import HubSessions
@@ -67,8 +71,6 @@ DRAIN_S = 0.005
 """Longest time spent handling messages between two ticks."""
 EXPIRY_EVERY_S = 0.1
 """How often the heartbeat and lease deadlines are checked (both are seconds or more)."""
-SILENT = ("silent", "bad_seal")
-"""How a peer is gone without a word: lost past its deadline, or dropped for a bad seal."""
 
 
 class Grouper:
@@ -80,8 +82,10 @@ class Grouper:
         self.secret = secret or resolve_secret(cfg.security.secret_file, {})
         self.run_id = uuid.uuid4().hex[:12]
         self.run_dir = Path(cfg.run.run_dir)
-        tokenizer = None  # to render prompts (chat template) and check rollouts' content
-        if cfg.task.chat_template or cfg.security.check_content:
+        # to render prompts (chat template), check rollouts' content, read episodes' turns
+        replayed = replayable(cfg.env)  # episodes' rewards: a scorer's replay, or trusted
+        tokenizer = None
+        if cfg.task.chat_template or cfg.security.check_content or replayed:
             tokenizer = load_tokenizer(cfg.model.name_or_path)
         self.task = make_task(cfg.task, tokenizer=tokenizer)
         hub = cfg.hub
@@ -130,6 +134,7 @@ class Grouper:
                 refuse=self._refuse,
                 checkpoint=self._checkpoint,
             )
+        self.transcripts = _transcripts(cfg, self.task, tokenizer, self.rollouts, replayed)
         self.intake = Intake(
             cfg=cfg,
             ledger=self.ledger,
@@ -139,6 +144,7 @@ class Grouper:
             direct=self.direct,
             refuse=self._refuse,
             abort=self._abort,
+            transcripts=self.transcripts,
         )
         self.teaching = self.intake.teaching  # algo.distill.teacher: groups wait for it
         self.ctx = make_context()
@@ -210,6 +216,7 @@ class Grouper:
                 "hub.stopped",
                 **self.ledger.summary(),
                 rejected=dict(self.server.rejected),
+                challenged=self.sessions.challenged,
                 dispatched_to=dict(self.dispatcher.dispatched),
                 tokens_per_s=dict(self.shares.measured),
                 verify_worst={k: round(v, 4) for k, v in self.trust.verifier.worst.items()},
@@ -267,8 +274,6 @@ class Grouper:
                 )
                 self.server.send(identity, status)
             return
-        if self.direct is not None:  # a generator leaving or restarted takes its payloads
-            self.direct.before_session(identity, msg, self.registry)
         peer = self.sessions.handle(identity, msg)  # Hello, Heartbeat, credits, Shutdown
         if self.sessions.trainer_done:
             self._stop = True
@@ -279,6 +284,7 @@ class Grouper:
             m.BatchRequest: self._on_batch_request,
             m.RolloutEvidence: lambda _, msg: self.trust.evidence(msg),
             Taught: self.intake.on_taught,
+            EpisodeScored: self.intake.on_episode_scored,
         }
         if self.direct is None:
             handlers[m.Rollout] = self.intake.on_rollout
@@ -309,19 +315,25 @@ class Grouper:
         self.server.send(identity, m.Error(code=code, message=reason, in_reply_to=kind))
 
     def _peer_gone(self, peer: Peer, why: str) -> None:
-        """A peer lost (silent), left, dropped (bad seal) or restarted: the ledger has what
-        it held back; here, what the grouper keeps besides."""
+        """A peer lost (silent), left, dropped (bad seal) or restarted, each told only once
+        its session checked out (signature, seal): the ledger has what it held back; here,
+        what the grouper keeps besides (a generator's store is gone with its process)."""
         if peer.service == "trainer":
             self.desk.drop(peer.identity)
             if peer.rank == 0 and why != "done":
                 self.desk.trainer_died()
-        elif peer.service == "generator" and self.direct is not None and why in SILENT:
-            self.direct.holder_lost(peer.instance, why)  # (restarts and leaving: `direct`)
+        elif peer.service == "generator" and self.direct is not None:
+            self.direct.holder_lost(peer.instance, why)
 
     @property
     def window_rewards(self) -> list[float]:
         """Rewards of the groups filtered as zero-signal since the last step served."""
         return self.intake.window_rewards
+
+    @property
+    def scorers_needed(self) -> bool:
+        """Whether groups wait for scorers: single-turn ones, and episodes a scorer replays."""
+        return not self.cfg.env.enabled or self.transcripts is not None
 
     @property
     def policy_version(self) -> int:
@@ -344,7 +356,7 @@ class Grouper:
     # ----- work out ---------------------------------------------------------------------
     def _dispatch(self, now: float) -> None:
         self.dispatcher.generators(now, self.trust.quarantined)
-        self.dispatcher.scorers(now, self.rollouts, self.direct)
+        self.dispatcher.scorers(now, self.rollouts, self.direct or self.transcripts)
         if self.teaching is not None:
             self.dispatcher.teachers(now, self.teaching)
 
@@ -409,6 +421,22 @@ class Grouper:
             buffer=len(self.buffer),
             journal_replayed=len(replayed),
         )
+
+
+def _transcripts(
+    cfg: RunConfig, task: Any, tokenizer: Any, rollouts: dict[int, m.Rollout], replayed: bool
+) -> Transcripts | None:
+    """Episodes a scorer replays (None: single-turn, or an environment that cannot be
+    replayed, whose rewards are then its generator's: said here, once, as a warning)."""
+    if not cfg.env.enabled:
+        return None
+    if not replayed:
+        why = "no scorer can replay this environment: its episodes' rewards are the generator's"
+        log.warning("env.rewards_trusted", env=cfg.env.agent or cfg.env.name, reason=why)
+        return None
+    fmt = TurnFormat(tokenizer, cfg.task.chat_template, cfg.env.format)
+    tokens = fmt.tokens if cfg.security.check_content else None
+    return Transcripts(task, tokenizer, cfg.env, tokens, rollouts)
 
 
 def run_grouper(cfg: RunConfig, resume: bool = False, secret: bytes | None = None) -> int:

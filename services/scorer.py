@@ -35,6 +35,7 @@ from grpo_stream.rewards import reward_specs
 from grpo_stream.rewards.calls import ScoreResult
 from grpo_stream.rewards.sandbox import RewardPool
 from grpo_stream.rewards.sizing import LEARNED, resolve_workers
+from grpo_stream.services.episode_scorer import serve_episodes
 from grpo_stream.session.service import Join, Session, run_service
 from grpo_stream.tasks import make_task
 from grpo_stream.threads import local_cores
@@ -57,6 +58,8 @@ class Link(Protocol):
 
 def serve_scorer(link: Session) -> int:
     cfg = link.cfg
+    if cfg.env.enabled:  # an episode run: the scorer replays episodes in their environment
+        return serve_episodes(link)
     task = make_task(cfg.task)
     specs = reward_specs(cfg.task, task)
     learned = any(spec.name in LEARNED for spec in specs)

@@ -56,6 +56,11 @@ class VerifySettings(BaseModel):
     at the same staleness (the 25th percentile of recent groups), exceeds this (nats per
     token). An honest generator's excess stays near 0: its gap is numerics and staleness,
     which the fleet shares; a different model's is its disagreement with the trainer."""
+    max_bad_rollouts: int = Field(3, ge=1, le=1_000_000)
+    """Quarantine a generator once this many of its rollouts were refused for what no honest
+    sampler sends: log-probs that are NaN, infinite or above 0, lengths that disagree,
+    episode fields on a single-turn run (or none on an episode run), environment turns the
+    environment did not say. Each refusal is an error event and re-dispatches its leases."""
 
 
 class SecuritySettings(BaseModel):

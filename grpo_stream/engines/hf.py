@@ -89,7 +89,7 @@ class HFEngine:
         self._pad_id = int(pad) if pad is not None else min(self._eos_ids)
         self._lora: Any = None  # engines.lora.HFAdapter once an adapter version arrives
         # the version held (delta base) and, with weights.relay, the relay serving it; the
-        # run's secret signs the relay's claim
+        # run's secret signs every request (only members get weights)
         self._fetcher = VersionFetcher(
             self._transport, self._security, weights or WeightsSettings(), secret
         )

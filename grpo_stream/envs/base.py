@@ -11,6 +11,12 @@ sandboxed worker process (`grpo_stream.envs.sandbox`); they never see token ids.
         def reset(self, prompt: str, reference: dict[str, Any]) -> None: ...
         def step(self, action: str) -> Step: ...
 
+An environment whose observations and rewards are a function of the prompt, the reference
+and the actions so far says so with a class attribute `replayable = True`: a scorer then
+replays each episode's actions against a fresh instance and its rewards are the ones trained
+(`grpo_stream.envs.replay`), never the generator's. Without it, its episodes' rewards are the
+generator's word (the hub logs `env.rewards_trusted` when it starts).
+
 Invariants the sandbox checks on every call (a violation fails the episode, NaN reward):
 `step` returns a `Step` whose `observation` is a str, `reward` a finite real number and
 `done` a bool; a call that raises, exceeds the timeout or the memory limit fails the

@@ -122,6 +122,10 @@ def final_answer(text: str) -> int | None:
 class CalcEnv:
     """One calc problem: tool calls until a final answer, at most `turns` replies."""
 
+    replayable = True
+    """Observations and rewards are a function of the prompt, the reference and the
+    actions: a scorer recomputes its episodes (`grpo_stream.envs.replay`)."""
+
     def __init__(self, turns: int = 3) -> None:
         self.turns = turns
         self.answer = self.turn = 0

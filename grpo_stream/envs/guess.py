@@ -24,6 +24,10 @@ from grpo_stream.envs.base import Step
 class GuessEnv:
     """One game of guess-the-number."""
 
+    replayable = True
+    """Observations and rewards are a function of the prompt, the reference and the
+    actions: a scorer recomputes its episodes (`grpo_stream.envs.replay`)."""
+
     def __init__(self, turns: int = 4, shaping: float = 0.1) -> None:
         self.turns = turns
         self.shaping = shaping

@@ -15,6 +15,31 @@ class EnvLoadError(RuntimeError):
     """The configured environment cannot be built (one line naming env.name)."""
 
 
+def replayable(settings: EnvSettings) -> bool:
+    """Whether a scorer can recompute this run's episodes (`grpo_stream.envs.replay`): the
+    environment's class says `replayable = True` (built-ins do); an agent never can."""
+    if not settings.enabled or settings.agent is not None:
+        return False
+    return bool(getattr(_env_class(settings), "replayable", False))
+
+
+def generator_rewards(settings: EnvSettings) -> bool:
+    """Whether this run's rewards are its generators' word: episodes no scorer can replay
+    (no scorer is started for them)."""
+    return settings.enabled and not replayable(settings)
+
+
+def _env_class(settings: EnvSettings) -> object:
+    if settings.name == "guess":
+        return GuessEnv
+    if settings.name == "calc":
+        return CalcEnv
+    try:
+        return import_object(settings.name, f"env.name = {settings.name!r} does not load")
+    except UserCodeError as exc:
+        raise EnvLoadError(str(exc)) from None
+
+
 def env_factory(settings: EnvSettings) -> Callable[[], Environment]:
     """A function building one fresh environment per episode."""
     if settings.name == "guess":

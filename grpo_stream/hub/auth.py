@@ -1,33 +1,42 @@
-"""Who may act in a run: Hellos signed with the run's secret, the session key each accepted
-Hello opens, signed status requests, and, under CURVE, the role of each client key.
+"""Who may act in a run: Hellos signed with the run's secret and the hub's challenge, the
+session key each accepted Hello opens, signed status requests, and, under CURVE, the role of
+each client key.
 
 `up` writes RUN_DIR/secret (32 random bytes as hex, mode 0600; `transport.runsecret`) and
 hands it to every service it starts (`--secret-file`, or `GRPO_STREAM_SECRET` on other
 hosts). Each service signs every Hello it sends; a hub with a secret refuses a Hello whose
 signature is missing, wrong, outside `MAX_AGE_S` of the hub's clock, or already seen.
 
+The hub's challenge: 16 random bytes (hex) a hub draws when it starts (`HelloAuth`). A Hello
+or status request signs the challenge it answers; one that answers another (or none) gets a
+`Challenge` with the current one instead of an answer, and its sender signs again. So what
+was signed for a hub before it restarted is refused after it, and a session key, which the
+signature keys, never outlives the hub that accepted it.
+
 What a Hello signs (`signed_bytes`, canonical): a version tag, service, instance, host, pid,
 capacity, rank, the endpoints (`weights|announce`, or empty), the signing time in ms since
-the epoch and a 16-byte random nonce. `Hello.auth = "v1:<time_ms>:<nonce hex>:<HMAC hex>"`.
+the epoch, a 16-byte random nonce and the challenge.
+`Hello.auth = "v2:<time_ms>:<nonce hex>:<challenge>:<HMAC hex>"`.
 
 After the Hello, every message is sealed (`grpo_stream.transport.seal`) with the session key
 `session_key(secret, hello)`: HMAC of the Hello's instance and signature with the secret's
 session key. Only holders of the secret can compute it, and each Hello's nonce makes it new.
 
-A status request is signed (`sign_status`) with the status key, `derive(secret, "status")`:
-the hub and every holder of the secret can compute it; `up` writes it alone to
-RUN_DIR/status.token for readers that should see the run but not act in it.
+A status request is signed (`sign_status`) with the status key, `derive(secret, "status")`,
+and the challenge: the hub and every holder of the secret can compute it; `up` writes it
+alone to RUN_DIR/status.token for readers that should see the run but not act in it.
 
 Invariants:
 - without the secret, no Hello is accepted by a hub that has one: a stranger can neither
   join in any role nor announce endpoints (compared with `hmac.compare_digest`);
-- a captured Hello or status request cannot be replayed: its nonce is remembered for
-  `MAX_AGE_S` and one older than that is refused; the memory holds only nonces of valid
-  ones, so it is bounded by the honest services' rate, not by a stranger's.
+- a captured Hello or status request cannot be replayed: to the same hub, its nonce is
+  remembered for `MAX_AGE_S` and one older than that is refused; to a restarted hub, it
+  answers a challenge that hub never drew. The memory holds only nonces of valid ones, so it
+  is bounded by the honest services' rate, not by a stranger's;
+- a request that does not answer the current challenge changes nothing (its signature is not
+  even checked): the answer is the challenge, which is no secret.
 
-Not covered: the device fingerprint (advisory, for shares); a hub restart forgets the nonces
-it saw, so a Hello captured less than `MAX_AGE_S` before a restart can be replayed once after
-it (its session key stays unknown to the replayer: it can say nothing after it).
+Not covered: the device fingerprint (advisory, for shares).
 """
 
 from __future__ import annotations
@@ -36,19 +45,20 @@ import hashlib
 import hmac
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.protocols import messages as m
 from grpo_stream.transport.curve import key_roles as read
-from grpo_stream.transport.runsecret import SESSION, STATUS, derive, write_private
+from grpo_stream.transport.runsecret import MAX_AGE_S, SESSION, STATUS, derive, write_private
 from grpo_stream.transport.runsecret import AuthError as AuthError
+from grpo_stream.transport.runsecret import FreshNonces as FreshNonces
 from grpo_stream.transport.runsecret import load_secret as load_secret
 from grpo_stream.transport.runsecret import write_secret as write_secret
 
-TAG = "v1"
-MAX_AGE_S = 300.0
-"""How far a signing time may be from the hub's clock (queued Hellos, clock skew)."""
+TAG = "v2"
+CHALLENGE_BYTES = 16
 STATUS_TOKEN = "status.token"
 """The file in the run directory holding the status key alone (read-only access)."""
 
@@ -57,27 +67,47 @@ def _endpoints(endpoints: m.Endpoints | None) -> str:
     return "" if endpoints is None else f"{endpoints.weights}|{endpoints.announce}"
 
 
-def signed_bytes(hello: m.Hello, time_ms: int, nonce: str) -> bytes:
+def new_challenge() -> str:
+    """A hub's challenge: random, drawn once per hub process."""
+    return secrets.token_hex(CHALLENGE_BYTES)
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a signature covers besides the message: when, a nonce, the challenge answered."""
+
+    time_ms: int
+    nonce: str
+    challenge: str
+
+    @classmethod
+    def new(cls, challenge: str, now: float | None = None) -> Stamp:
+        signed_at = time.time() if now is None else now
+        return cls(int(signed_at * 1000), secrets.token_hex(16), challenge)
+
+    def lines(self) -> tuple[str, str, str]:
+        return str(self.time_ms), self.nonce, self.challenge
+
+    def auth(self, mac: str) -> str:
+        return f"{TAG}:{self.time_ms}:{self.nonce}:{self.challenge}:{mac}"
+
+
+def signed_bytes(hello: m.Hello, stamp: Stamp) -> bytes:
     """The canonical bytes a Hello's HMAC covers."""
-    fields = (
-        TAG, hello.service, hello.instance, hello.host, str(hello.pid), str(hello.capacity),
-        str(hello.rank), _endpoints(hello.endpoints), str(time_ms), nonce,
-    )  # fmt: skip
+    peer = (hello.service, hello.instance, hello.host, str(hello.pid), str(hello.capacity))
+    fields = (TAG, *peer, str(hello.rank), _endpoints(hello.endpoints), *stamp.lines())
     return "\n".join(fields).encode()
 
 
-def _mac(secret: bytes, hello: m.Hello, time_ms: int, nonce: str) -> str:
-    return hmac.new(secret, signed_bytes(hello, time_ms, nonce), hashlib.sha256).hexdigest()
+def _mac(secret: bytes, hello: m.Hello, stamp: Stamp) -> str:
+    return hmac.new(secret, signed_bytes(hello, stamp), hashlib.sha256).hexdigest()
 
 
-def _stamp(now: float | None) -> tuple[int, str]:
-    return int((time.time() if now is None else now) * 1000), secrets.token_hex(16)
-
-
-def sign(hello: m.Hello, secret: bytes, now: float | None = None) -> m.Hello:
-    """`hello` with its `auth` set (a fresh nonce each call)."""
-    time_ms, nonce = _stamp(now)
-    hello.auth = f"{TAG}:{time_ms}:{nonce}:{_mac(secret, hello, time_ms, nonce)}"
+def sign(hello: m.Hello, secret: bytes, challenge: str, now: float | None = None) -> m.Hello:
+    """`hello` with its `auth` set: a fresh nonce each call, answering the hub's
+    `challenge` (from its `Challenge`; "" before the first)."""
+    stamp = Stamp.new(challenge, now)
+    hello.auth = stamp.auth(_mac(secret, hello, stamp))
     return hello
 
 
@@ -118,77 +148,70 @@ def status_credential(
     return None
 
 
-def _status_mac(key: bytes, time_ms: int, nonce: str) -> str:
-    return hmac.new(key, f"{TAG}\nstatus\n{time_ms}\n{nonce}".encode(), hashlib.sha256).hexdigest()
+def _status_mac(key: bytes, stamp: Stamp) -> str:
+    text = "\n".join((TAG, "status", *stamp.lines()))
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
-def sign_status(key: bytes, now: float | None = None) -> m.StatusRequest:
-    """A StatusRequest signed with the status key (`status_key`, or a status.token's)."""
-    time_ms, nonce = _stamp(now)
-    return m.StatusRequest(auth=f"{TAG}:{time_ms}:{nonce}:{_status_mac(key, time_ms, nonce)}")
+def sign_status(key: bytes, challenge: str, now: float | None = None) -> m.StatusRequest:
+    """A StatusRequest signed with the status key (`status_key`, or a status.token's),
+    answering the hub's `challenge`."""
+    stamp = Stamp.new(challenge, now)
+    return m.StatusRequest(auth=stamp.auth(_status_mac(key, stamp)))
 
 
-class FreshNonces:
-    """Signing times within `max_age_s` of the clock, each nonce once."""
-
-    def __init__(self, max_age_s: float = MAX_AGE_S) -> None:
-        self._max_age_s = max_age_s
-        self._seen: dict[str, float] = {}  # nonce -> its signing time (s)
-        self._pruned = 0.0  # when nonces past the max age were last forgotten
-
-    def check(self, time_ms: int, nonce: str, now: float) -> str | None:
-        """None if (time_ms, nonce) is fresh and new (and remember it); else why not. Call
-        it only once the signature is valid, so a stranger cannot fill the memory."""
-        signed_at = time_ms / 1000
-        if abs(now - signed_at) > self._max_age_s:
-            off = now - signed_at
-            return f"signed {off:.0f} s from the hub's clock (max {self._max_age_s:g})"
-        if now - self._pruned >= 1.0:  # once a second, not per message (a fleet joins at once);
-            self._pruned = now  # a nonce kept a little longer still only refuses a replay
-            self._seen = {n: t for n, t in self._seen.items() if now - t <= self._max_age_s}
-        if nonce in self._seen:
-            return "replayed (its nonce was seen)"
-        self._seen[nonce] = signed_at
-        return None
-
-
-def _parts(auth: str) -> tuple[int, str, str] | None:
+def _parts(auth: str) -> tuple[Stamp, str] | None:
+    """(stamp, HMAC hex) of an auth string; None when it is not one."""
     parts = auth.split(":")
-    if len(parts) != 4 or parts[0] != TAG or not parts[1].isdigit():
+    if len(parts) != 5 or parts[0] != TAG or not parts[1].isdigit():
         return None
-    return int(parts[1]), parts[2], parts[3]
+    return Stamp(int(parts[1]), parts[2], parts[3]), parts[4]
 
 
 class HelloAuth:
-    """The hub's check of each Hello and status request against the run's secret."""
+    """The hub's check of each Hello and status request against the run's secret and its
+    challenge (drawn here: one per hub process)."""
 
     def __init__(self, secret: bytes, max_age_s: float = MAX_AGE_S) -> None:
         self.secret = secret
+        self.challenge = new_challenge()
         self._status = status_key(secret)
         self._hellos = FreshNonces(max_age_s)
         self._requests = FreshNonces(max_age_s)
+
+    def stale(self, auth: str) -> bool:
+        """Whether `auth` (a Hello's or a status request's) is a signature for another
+        challenge than this hub's (a first one, or one made for the hub before a restart):
+        it is answered with the challenge, nothing else checked. One with no signature at all
+        is refused by `check` instead (its sender lacks the secret)."""
+        parts = _parts(auth)
+        return parts is not None and not hmac.compare_digest(parts[0].challenge, self.challenge)
 
     def check(self, hello: m.Hello, now: float | None = None) -> str | None:
         """None if `hello` is signed with the secret, fresh and new; else why not."""
         parts = _parts(hello.auth)
         if parts is None:
             return "Hello carries no valid auth (is the run's secret given to this service?)"
-        time_ms, nonce, mac = parts
-        if not hmac.compare_digest(mac, _mac(self.secret, hello, time_ms, nonce)):
+        stamp, mac = parts
+        if not hmac.compare_digest(mac, _mac(self.secret, hello, stamp)):
             return "Hello's auth does not match the run's secret"
-        stale = self._hellos.check(time_ms, nonce, time.time() if now is None else now)
-        return None if stale is None else f"Hello {stale}"
+        return self._fresh(self._hellos, stamp, "Hello", now)
 
     def check_status(self, request: m.StatusRequest, now: float | None = None) -> str | None:
         """None if `request` is signed with the status key, fresh and new; else why not."""
         parts = _parts(request.auth)
         if parts is None:
             return "status needs the run's secret or its status.token (--run-dir, --token-file)"
-        time_ms, nonce, mac = parts
-        if not hmac.compare_digest(mac, _status_mac(self._status, time_ms, nonce)):
+        stamp, mac = parts
+        if not hmac.compare_digest(mac, _status_mac(self._status, stamp)):
             return "status request's auth does not match the run's secret"
-        stale = self._requests.check(time_ms, nonce, time.time() if now is None else now)
-        return None if stale is None else f"status request {stale}"
+        return self._fresh(self._requests, stamp, "status request", now)
+
+    def _fresh(self, seen: FreshNonces, stamp: Stamp, what: str, now: float | None) -> str | None:
+        if stamp.challenge != self.challenge:
+            return f"{what} answers another hub's challenge (signed before this hub started)"
+        stale = seen.check(stamp.time_ms, stamp.nonce, time.time() if now is None else now)
+        return None if stale is None else f"{what} {stale}"
 
 
 def hello_auth(secret: bytes | None) -> HelloAuth | None:

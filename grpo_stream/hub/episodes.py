@@ -1,10 +1,13 @@
-"""Episode groups at the hub: rewards that come with the Rollout, per-turn advantages.
+"""Episode groups at the hub: which rollouts are episodes, their shape, per-turn advantages.
 
-An episode Rollout (`episode_rewards` non-empty) was scored by its environment while it was
-played (`grpo_stream.envs`), so the hub scores it itself on arrival: `scored_by_env` is the
-Scored a scorer would have sent, and the group then follows the one path every group takes
-(accept_scored, advantages, buffer or filtered or failed): it ends exactly once, and the
-ledger's accounting is unchanged.
+The run's config alone says whether its rollouts are episodes (`env.name` or `env.agent`):
+a rollout whose fields say otherwise is refused (`check_kind`), so a generator cannot have
+an ordinary prompt taken as an episode and rewarded by itself. An episode whose environment
+a scorer can replay is rewarded by that scorer (`grpo_stream.hub.transcript`); one whose
+environment cannot be replayed (an agent, an environment that does not declare `replayable`)
+trusts its generator's rewards: `scored_by_env` is the Scored a scorer would have sent. Both
+then follow the one path every group takes (accept_scored, advantages, buffer or filtered or
+failed): it ends exactly once, and the ledger's accounting is unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +22,20 @@ from grpo_stream.protocols.messages import Rollout, Scored
 
 
 def is_episode(rollout: Rollout) -> bool:
+    """Whether `rollout` carries episode fields (checked against the config by `check_kind`)."""
     return len(rollout.episode_rewards) > 0
+
+
+def check_kind(rollout: Rollout, episodes: bool) -> str | None:
+    """Why `rollout` is not the kind the run plays (None: it is). `episodes`: the config's."""
+    turns = (rollout.turn_rewards, rollout.turn_starts, rollout.turn_offsets)
+    carries = any(len(f) > 0 for f in (rollout.loss_mask, rollout.episode_rewards, *turns))
+    carries = carries or bool(rollout.errors)
+    if carries and not episodes:
+        return f"rollout of group {rollout.group_id} carries episode fields: this run plays none"
+    if episodes and not is_episode(rollout):
+        return f"rollout of group {rollout.group_id} is no episode: this run plays episodes (env)"
+    return None
 
 
 def check_episode(rollout: Rollout) -> str | None:

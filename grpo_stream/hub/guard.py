@@ -28,12 +28,14 @@ from grpo_stream.hub.auth import HelloAuth, KeyRoles
 from grpo_stream.hub.registry import Registry
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.distill import Taught
+from grpo_stream.protocols.episodes import EpisodeScored
 from grpo_stream.protocols.payloads import RolloutMeta
 
 WORKS = {
     m.Rollout: "generator",
     RolloutMeta: "generator",
     m.Scored: "scorer",
+    EpisodeScored: "scorer",
     Taught: "teacher",
     m.BatchRequest: "trainer",
     m.RolloutEvidence: "trainer",
@@ -41,7 +43,15 @@ WORKS = {
 """The only service that may send each kind of result."""
 
 TRUST = frozenset(
-    {"bad_hello", "bad_seal", "bad_status_request", "bad_lease", "bad_content", "quarantined"}
+    {
+        "bad_hello",
+        "bad_seal",
+        "bad_status_request",
+        "bad_lease",
+        "bad_content",
+        "bad_rollout",
+        "quarantined",
+    }
 )
 """Refusals of what only a stranger or a misbehaving peer sends: each an error event."""
 
@@ -97,6 +107,38 @@ def check_rollout(msg: m.Rollout, group_size: int) -> str | None:
     return check_token_versions(msg)
 
 
+LOGPROB_MAX = 0.0
+"""The largest behaviour log-prob a sampler can report: log p <= log 1 (in float32 a
+log-softmax never rounds above it: x - max - log(sum(exp(x - max))) <= 0)."""
+
+
+def check_numbers(msg: m.Rollout) -> str | None:
+    """Numbers a sampler cannot produce: token ids that are not integers, behaviour log-probs
+    that are NaN, infinite or above 0, a negative or non-finite generation time, episode
+    rewards that are infinite (NaN is a failed episode). NaN log-probs passed every check
+    before and made the trainer roll back step after step."""
+    where = f"rollout of group {msg.group_id}"
+    for name, ids in (("prompt_ids", msg.prompt_ids), ("completion_ids", msg.completion_ids)):
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            return f"{where}: {name} is not a list of integer token ids ({arr.dtype})"
+    logprobs = np.asarray(msg.logprobs)
+    if logprobs.ndim != 1 or (logprobs.size and logprobs.dtype.kind != "f"):
+        return f"{where}: logprobs is not a list of floats ({logprobs.dtype})"
+    bad = int(np.count_nonzero(~np.isfinite(logprobs)))
+    if bad:
+        return f"{where}: {bad} behaviour log-probs are NaN or infinite"
+    if logprobs.size and float(logprobs.max()) > LOGPROB_MAX:
+        return f"{where}: a behaviour log-prob of {float(logprobs.max()):.4g} > 0 (p > 1)"
+    if not np.isfinite(msg.gen_seconds) or msg.gen_seconds < 0:
+        return f"{where}: gen_seconds {msg.gen_seconds} is not a duration"
+    rewards = {"episode_rewards": msg.episode_rewards, "turn_rewards": msg.turn_rewards}
+    for name, values in rewards.items():
+        if np.isinf(np.asarray(values, dtype=np.float64)).any():
+            return f"{where}: {name} holds an infinite reward"
+    return None
+
+
 def check_token_versions(msg: m.Rollout) -> str | None:
     """Per-token version runs (in-flight updates): starts 0, increasing, within the tokens;
     their oldest version is the rollout's policy_version (what staleness counts from)."""
@@ -122,4 +164,7 @@ def check_scored(msg: m.Scored, rollout: m.Rollout | None) -> str | None:
         return f"scored group {msg.group_id} has {len(msg.rewards)} rewards for G={g}"
     if np.asarray(msg.components).size != len(msg.component_names) * g:
         return f"scored group {msg.group_id}: components are not {len(msg.component_names)}x{g}"
+    for name, values in (("rewards", msg.rewards), ("components", msg.components)):
+        if np.isinf(np.asarray(values, dtype=np.float64)).any():  # NaN: a reward that failed
+            return f"scored group {msg.group_id}: an infinite value in {name}"
     return None

@@ -1,15 +1,24 @@
 """What the hub takes in from its workers, up to the replay buffer: Rollouts (or, with
-hub.payloads = "direct", their announcements), Scored, Taught.
+hub.payloads = "direct", their announcements), Scored, EpisodeScored, Taught.
 
 Each is checked (`guard`, the lease holder and quarantine in `TrustGate`) before the ledger
 hears of it; a scored group gets its advantages (`hub.batches.assemble`) and then ends as
 failed, is dropped as zero-signal (refilled), waits for its teacher, or enters the buffer.
 Failed rewards are watched here: too many groups in a row, or too large a share of failed
 episodes, aborts the run through the hub.
+
+Invariants:
+- a Rollout no honest sampler sends (impossible numbers, lengths that disagree, episode
+  fields on a single-turn run or none on an episode run: the config alone says which) is
+  refused as `bad_rollout` and counted against its generator (`TrustGate.bad_rollout`);
+- rewards come from scorers: an episode group waits for a scorer's replay when the run's
+  environment can be replayed (`transcripts`), and only otherwise is its generator's word
+  taken (`scored_by_env`; the hub said so at its start).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 
@@ -22,14 +31,16 @@ from grpo_stream.config import RunConfig
 from grpo_stream.hub import guard
 from grpo_stream.hub.batches import assemble, failure_streak
 from grpo_stream.hub.distill import Teaching, check_taught
-from grpo_stream.hub.episodes import FailureAlarm, check_episode, is_episode, scored_by_env
+from grpo_stream.hub.episodes import FailureAlarm, check_episode, check_kind, scored_by_env
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.payloads.direct import DirectPayloads
 from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group, ReplayBuffer
+from grpo_stream.hub.transcript import Judged, Transcripts
 from grpo_stream.hub.trust import TrustGate
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.distill import Taught
+from grpo_stream.protocols.episodes import EpisodeScored
 from grpo_stream.protocols.payloads import RolloutMeta
 from grpo_stream.ratelimit import RateLimit
 
@@ -52,8 +63,11 @@ class Intake:
         direct: DirectPayloads | None,
         refuse: Refuse,
         abort: Callable[[str], None],
+        transcripts: Transcripts | None = None,
     ) -> None:
         self.cfg = cfg
+        self.episodes = cfg.env.enabled  # the config alone says whether rollouts are episodes
+        self.transcripts = transcripts  # episodes a scorer replays (None: trust the generator)
         self.ledger = ledger
         self.buffer = buffer
         self.trust = trust
@@ -72,12 +86,22 @@ class Intake:
         if cfg.algo.distill.teacher is not None:
             self.teaching = Teaching(cfg.algo.distill.weight, ledger, self.to_buffer)
 
-    def on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
+    def impossible(self, msg: m.Rollout) -> str | None:
+        """Why no honest sampler sends `msg` (None: one could)."""
         refused = guard.check_rollout(msg, self.cfg.generator.group_size)
-        if refused is None and is_episode(msg):
+        refused = refused or guard.check_numbers(msg) or check_kind(msg, self.episodes)
+        if refused is None and self.episodes:
             refused = check_episode(msg)
+        if refused is None and self.transcripts is not None:
+            refused = self.transcripts.read(msg)  # its turns, kept for the scorer
+        return refused
+
+    def on_rollout(self, peer: Peer, msg: m.Rollout) -> None:
+        if not self.trust.admit(peer, msg.KIND, self.trust.lease(peer, msg)):
+            return  # another's lease, or a quarantined sender: before reading anything
+        refused = self.impossible(msg)
         if refused is not None:
-            self._refuse(peer.identity, "bad_rollout", refused, msg.KIND)
+            self.trust.bad_rollout(peer, msg.KIND, refused)
             return
         if not self.trust.admit(peer, msg.KIND, self.trust.rollout(peer, msg)):
             return
@@ -88,9 +112,50 @@ class Intake:
             self.ledger.finish(msg.group_id, "stale")
             return
         self.rollouts[msg.group_id] = msg
-        if is_episode(msg):  # scored by its environment while played: no scorer needed
-            self._check_failures(msg)
-            self.on_scored(peer, scored_by_env(msg))
+        if self.episodes and self.transcripts is None:  # its environment cannot be replayed:
+            self._check_failures(msg)  # its generator's rewards (env.rewards_trusted)
+            self._take_scored(scored_by_env(msg))
+
+    def on_episode_scored(self, peer: Peer, msg: EpisodeScored) -> None:
+        """A scorer's replay of an episode group: its rewards are the ones trained, once the
+        generator's episodes agree with what the environment said."""
+        rollout = self.rollouts.get(msg.group_id)
+        transcripts = self.transcripts
+        held = self.trust.holder(peer, msg.lease_id, msg.group_id, "score")
+        if transcripts is None or rollout is None or not self.trust.admit(peer, msg.KIND, held):
+            return  # not awaited (a duplicate: the ledger counts it) or not its lease
+        judged = transcripts.judge(rollout, msg)
+        if isinstance(judged, str):  # the generator's fault, not the scorer's: no Error to it
+            self._lied(msg.group_id, judged)
+            return
+        transcripts.forget(msg.group_id)
+        rollout = self._rewarded(rollout, judged)
+        self.rollouts[msg.group_id] = rollout
+        self._check_failures(rollout)
+        scored = scored_by_env(rollout)
+        scored.lease_id = msg.lease_id
+        self._take_scored(scored)
+
+    def _rewarded(self, rollout: m.Rollout, judged: Judged) -> m.Rollout:
+        """`rollout` with the scorer's rewards in place of its generator's."""
+        return dataclasses.replace(
+            rollout,
+            episode_rewards=judged.rewards,
+            turn_rewards=judged.turn_rewards,
+            errors=judged.errors,
+        )
+
+    def _lied(self, group_id: int, why: str) -> None:
+        """The generator's episodes disagree with the environment: the group is generated
+        again by another, and the lie counted against its generator."""
+        generator = self.trust.verifier.generator_of(group_id)
+        if self.ledger.regenerate(group_id):
+            self.rollouts.pop(group_id, None)
+        if self.transcripts is not None:
+            self.transcripts.forget(group_id)
+        if generator is not None:
+            log.error("episode.refused", group_id=group_id, generator=generator, reason=why)
+            self.trust.strike(generator, why)
 
     def _check_failures(self, msg: m.Rollout) -> None:
         """The run-level alarm on failed episodes: an error event, and the run stops when
@@ -104,12 +169,19 @@ class Intake:
 
     def on_scored(self, peer: Peer, msg: m.Scored) -> None:
         refused = guard.check_scored(msg, self.rollouts.get(msg.group_id))
+        if refused is None and self.episodes and msg.group_id in self.rollouts:
+            refused = "an episode group is scored by replaying it (episode_scored)"
         if refused is not None:
             self._refuse(peer.identity, "bad_scored", refused, msg.KIND)
             return
         held = self.trust.holder(peer, msg.lease_id, msg.group_id, "score")
-        if peer.service == "scorer" and not self.trust.admit(peer, msg.KIND, held):
-            return  # (an episode's own Scored comes from its generator: not leased)
+        if not self.trust.admit(peer, msg.KIND, held):
+            return
+        self._take_scored(msg)
+
+    def _take_scored(self, msg: m.Scored) -> None:
+        """A group's rewards, checked to come from where they may: advantages, then the
+        buffer (or filtered, failed, or held for its teacher)."""
         rollout = self.rollouts.pop(msg.group_id, None)
         if rollout is None or not self.ledger.accept_scored(msg.group_id):
             return

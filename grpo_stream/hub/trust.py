@@ -1,7 +1,10 @@
 """The hub's trust gate for results from authenticated peers: the lease a result names must
 be its sender's, a Rollout's content must check out (`grpo_stream.hub.content`), and a
-generator whose rollouts the trainer's evidence shows come from another model is quarantined
-(`grpo_stream.hub.verify`).
+generator is quarantined when the trainer's evidence shows its rollouts come from another
+model (`grpo_stream.hub.verify`) or when `security.verify.max_bad_rollouts` of its rollouts
+were refused for what no honest sampler sends (`bad_rollout`: impossible numbers, lengths
+that disagree, episodes the run does not play, environment turns the environment did not
+say), counted per generator.
 
 Invariants:
 - a result refused here changes nothing but the refusing peer's leases: what it held goes
@@ -14,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +28,7 @@ from grpo_stream.hub.content import ContentCheck
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import ReplayBuffer
-from grpo_stream.hub.verify import Verdict, Verifier
+from grpo_stream.hub.verify import Verifier
 from grpo_stream.protocols import messages as m
 from grpo_stream.tasks import Task
 
@@ -58,6 +62,7 @@ class TrustGate:
             ContentCheck.load(cfg, task, tokenizer) if cfg.security.check_content else None
         )
         self.verifier = Verifier(cfg.security.verify)
+        self.bad_rollouts: Counter[str] = Counter()  # per generator: refused as impossible
 
     @property
     def quarantined(self) -> set[str]:
@@ -66,15 +71,18 @@ class TrustGate:
     def holder(self, peer: Peer, lease_id: int, group_id: int, kind: str) -> Refusal:
         """Whether `peer` may deliver a result of `kind` on `group_id` under `lease_id`."""
         if peer.instance in self.verifier.quarantined:
-            return "quarantined", f"{peer.instance} is quarantined (verified rollouts)"
+            return "quarantined", f"{peer.instance} is quarantined"
         return "bad_lease", self.ledger.leases.issued_to(lease_id, group_id, peer.instance, kind)
 
+    def lease(self, peer: Peer, msg: m.Rollout) -> Refusal:
+        """Whether `peer` holds the lease its Rollout names (and is not quarantined)."""
+        return self.holder(peer, msg.lease_id, msg.group_id, "generate")
+
     def rollout(self, peer: Peer, msg: m.Rollout) -> Refusal:
-        """Whether `peer`'s Rollout may be scored and trained."""
-        code, why = self.holder(peer, msg.lease_id, msg.group_id, "generate")
-        if why is None and self.content is not None:
-            code, why = "bad_content", self.content.check(msg, peer.instance)
-        return code, why
+        """Whether the content of `peer`'s Rollout may be scored and trained."""
+        if self.content is None:
+            return "bad_content", None
+        return "bad_content", self.content.check(msg, peer.instance)
 
     def admit(self, peer: Peer, kind: str, refusal: Refusal) -> bool:
         """Refuse a result that fails the gate (one error event); what its sender held goes
@@ -86,6 +94,20 @@ class TrustGate:
         self.ledger.release_holder(peer.instance)
         return False
 
+    def bad_rollout(self, peer: Peer, kind: str, why: str) -> None:
+        """Refuse a rollout no honest sampler sends (`bad_rollout`, an error event); what its
+        sender held goes back to the ledger, and it is counted against the sender."""
+        self.admit(peer, kind, ("bad_rollout", why))
+        self.strike(peer.instance, why)
+
+    def strike(self, instance: str, why: str) -> None:
+        """Count one impossible rollout against the generator `instance`; quarantine it at
+        `security.verify.max_bad_rollouts`."""
+        self.bad_rollouts[instance] += 1
+        limit = self.cfg.security.verify.max_bad_rollouts
+        if self.bad_rollouts[instance] >= limit and self.verifier.quarantine(instance):
+            self._quarantine(instance, reason=why, bad_rollouts=self.bad_rollouts[instance])
+
     def accepted(self, group_id: int, peer: Peer) -> None:
         """`peer`'s Rollout of `group_id` was taken: its evidence will be about `peer`."""
         self.verifier.produced_by(group_id, peer.instance)
@@ -93,22 +115,20 @@ class TrustGate:
     def evidence(self, msg: m.RolloutEvidence) -> None:
         """A trainer rank's per-group log-prob gaps: who generated those groups is judged."""
         for verdict in self.verifier.evidence(msg):
-            self._quarantine(verdict)
+            gap = round(verdict.median_excess, 4)
+            bound = self.cfg.security.verify.max_gap
+            self._quarantine(
+                verdict.instance, median_excess_gap=gap, max_gap=bound, window=verdict.groups
+            )
 
-    def _quarantine(self, verdict: Verdict) -> None:
-        name = verdict.instance
+    def _quarantine(self, name: str, **why: object) -> None:
+        """No more work for `name`; its leases back to the ledger; the groups it generated
+        that are not trained yet generated again by others."""
         held = self.ledger.release_holder(name)
         mine = {gid for gid, who in self.verifier.produced.items() if who == name}
         self.buffer.drop(mine)
         regenerated = [gid for gid in sorted(mine) if self.ledger.regenerate(gid)]
         for gid in regenerated:
             self.rollouts.pop(gid, None)
-        log.error(
-            "generator.quarantined",
-            instance=name,
-            median_excess_gap=round(verdict.median_excess, 4),
-            max_gap=self.cfg.security.verify.max_gap,
-            window=verdict.groups,
-            requeued=held,
-            regenerated=len(regenerated),
-        )
+        again = len(regenerated)
+        log.error("generator.quarantined", instance=name, requeued=held, regenerated=again, **why)

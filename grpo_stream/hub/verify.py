@@ -91,6 +91,14 @@ class Verifier:
             judged.add(instance)
         return [v for i in sorted(judged) if (v := self._judge(i)) is not None]
 
+    def quarantine(self, instance: str) -> bool:
+        """Quarantine `instance` for another reason than its evidence (impossible rollouts);
+        whether it is new (False: already, or `enabled` is off)."""
+        if not self.settings.enabled or instance in self.quarantined:
+            return False
+        self.quarantined.add(instance)
+        return True
+
     def _judge(self, instance: str) -> Verdict | None:
         window = self.excess[instance]
         if len(window) < self.settings.window:

@@ -45,6 +45,10 @@ class Hub(Protocol):
     buffer: ReplayBuffer
 
     @property
+    def scorers_needed(self) -> bool:
+        """Whether groups wait for scorers (not for episodes their generators reward)."""
+
+    @property
     def window_rewards(self) -> list[float]:
         """Rewards of the groups filtered as zero-signal since the last step served."""
 
@@ -122,8 +126,8 @@ def diagnose(hub: Hub, mark: Mark) -> str:
         ("scorer", "start one: grpo-stream run scorer --hub ADDR"),
         ("teacher", "start one: grpo-stream run teacher --hub ADDR"),
     ):
-        if service == "scorer" and hub.cfg.env.enabled:
-            continue  # episodes are scored by the hub on arrival: no scorer runs
+        if service == "scorer" and not hub.scorers_needed:
+            continue  # episodes their generators reward: no scorer runs
         if service == "teacher" and hub.cfg.algo.distill.teacher is None:
             continue  # no distillation: no teacher runs
         if not hub.registry.of(service):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from grpo_stream.config import RunConfig
 from grpo_stream.config.cluster import ClusterFile, ClusterHost
+from grpo_stream.envs.registry import generator_rewards
 from grpo_stream.launch.cluster import config_overrides, place
 from grpo_stream.launch.placement import DEVICE_ORDER, Placement, Slot
 from grpo_stream.launch.supervisor import ServiceSpec
@@ -121,7 +122,7 @@ def placed_services(
     number = 0
     for host in hosts.values():
         count = cfg.scorer.count if cluster is None else host.count("scorer")
-        for _ in range(0 if cfg.env.enabled else count):  # episodes: the hub scores them
+        for _ in range(0 if generator_rewards(cfg.env) else count):
             name = f"scorer-{number}"
             argv = service_argv("scorer", name, hub, keys)
             held = placement.scorers[number] if number < len(placement.scorers) else None

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from grpo_stream.config import RunConfig
 from grpo_stream.config.tasks import RewardSpec
+from grpo_stream.envs.registry import generator_rewards
 from grpo_stream.hardware.plan import GIB, memory_needs
 from grpo_stream.launch.placement import HostDevices, Placement, PlacementError, Slot, usable
 from grpo_stream.rewards.sizing import model_copies
@@ -235,7 +236,7 @@ def place_side(
     scorers = tuple(
         _take(host, "scorer", needs["scorer"], left, notes)
         for host in hosts
-        for _ in range(0 if cfg.env.enabled else host.scorers)  # episodes: the hub scores
+        for _ in range(0 if generator_rewards(cfg.env) else host.scorers)
     )
     taken = {i for s in (*scorers, evaluator) if s is not None for i in s.device_ids}
     idle = tuple((i, why) for i, why in placement.idle if i not in taken)

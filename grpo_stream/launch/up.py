@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Any
 
 from grpo_stream.config import RunConfig
+from grpo_stream.envs.registry import generator_rewards
 from grpo_stream.exits import EXIT_ABORTED
 from grpo_stream.launch.console import RunConsole
 from grpo_stream.launch.dashboard import DashboardProcess
@@ -93,9 +94,9 @@ def security_args(cfg: RunConfig) -> list[str]:
 
 
 def scorer_count(cfg: RunConfig) -> int:
-    """Scorers to start: none for episode runs (the environment rewards each episode in the
-    generator and the hub scores its Rollout itself; no ScoreRequest is ever sent)."""
-    return 0 if cfg.env.enabled else cfg.scorer.count
+    """Scorers to start: none for episodes no scorer can replay (their generator's
+    environment rewards them; the hub logs `env.rewards_trusted`)."""
+    return 0 if generator_rewards(cfg.env) else cfg.scorer.count
 
 
 def teacher_count(cfg: RunConfig) -> int:

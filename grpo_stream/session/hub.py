@@ -4,8 +4,11 @@ every message to `HubSessions.handle` first; what comes back is work (Rollout, S
 BatchRequest, ...) from a registered peer, checked to be that peer's.
 
 Invariants:
-- a message from an identity the registry does not know changes nothing and is answered with
-  Error(UNREGISTERED): the service says Hello again (it was lost, or the hub restarted);
+- nothing is acted on before its signature: a message from an identity the registry does not
+  know changes nothing and is answered with Error(UNREGISTERED) (the service says Hello
+  again: it was lost, or the hub restarted); a Hello or StatusRequest that does not answer
+  this hub's challenge gets the challenge (`Challenge`) and changes nothing, so nothing
+  signed for the hub before a restart is accepted after it;
 - with the run's secret, a message after Hello counts only with the seal of its peer's
   session (`grpo_stream.transport.seal`: the key only the Hello's signer can compute, each
   message numbered once); under CURVE, only from the client key its Hello came with. A
@@ -13,7 +16,9 @@ Invariants:
   dropped at once, what it held re-dispatched: whoever holds that connection now is not the
   peer that said Hello (a stranger who took its identity after it died cannot act as it);
 - a heartbeat counts only from the instance's main socket or its heartbeat socket
-  (`beat_identity`), sealed likewise: a stranger cannot keep a dead peer alive;
+  (`beat_identity`), sealed likewise: a stranger cannot keep a dead peer alive; a beat that
+  is refused changes nothing and is answered with Error(UNREGISTERED) at once, so a peer the
+  hub no longer knows under that session says Hello again instead of going silent;
 - a StatusRequest is answered under CURVE from any allowed key (the role-less `client` key is
   the read-only credential there); without CURVE, with the run's secret, only when signed
   with the status key (the secret's, or a status.token's);
@@ -89,6 +94,7 @@ class HubSessions:
         self.roles = key_roles(cfg.security)  # None: no CURVE, no key to check roles against
         self.trainer_endpoints: m.Endpoints | None = None  # what the rank-0 trainer announced
         self.trainer_done = False  # the trainer left with reason "done": the run is over
+        self.challenged = 0  # signed requests answered with the challenge (not refusals)
         # told of each peer gone: (peer, why): "silent", "bad_seal", "restarted", or the
         # reason its Shutdown gave ("done" when the trainer finished the run)
         self.on_gone: list[Callable[[Peer, str], None]] = []
@@ -120,9 +126,13 @@ class HubSessions:
         return peer
 
     def may_read_status(self, identity: bytes, msg: m.StatusRequest) -> bool:
-        """Whether to answer `msg`; a request without the run's status key is refused."""
+        """Whether to answer `msg`; a request without the run's status key is refused, one
+        signed for another challenge is answered with this hub's."""
         if self.auth is None or self.roles is not None:
             return True  # CURVE: an allowed key; neither CURVE nor a secret: loopback only
+        if self.auth.stale(msg.auth):
+            self._challenge(identity, msg.KIND)
+            return False
         refused = self.auth.check_status(msg)
         if refused is not None:
             self.refuse(identity, "bad_status_request", refused, msg.KIND)
@@ -173,6 +183,15 @@ class HubSessions:
         )
         self._gone(peer, "bad_seal")
 
+    def _challenge(self, identity: bytes, kind: str) -> None:
+        """Answer a signed request that does not answer this hub's challenge (a service's
+        first, or one signed before the hub restarted) with the challenge: changes nothing."""
+        auth = self.auth
+        if auth is None:
+            return
+        self.challenged += 1
+        self.server.send(identity, m.Challenge(challenge=auth.challenge, in_reply_to=kind))
+
     def _unregistered(self, identity: bytes, kind: str) -> None:
         # a lost peer, or one from before a hub restart: tell it to say Hello again
         self.server.rejected[UNREGISTERED] += 1
@@ -182,25 +201,33 @@ class HubSessions:
 
     def _on_beat(self, identity: bytes, msg: m.Heartbeat) -> None:
         """Beats come from a side socket: matched by instance, from that peer's sockets only,
-        sealed with its session's key. A beat that fails is dropped quietly (counted): one
-        sealed with the key of the Hello before may arrive just after a new Hello."""
+        sealed with its session's key. A beat that fails changes nothing (counted) and is
+        answered with Error(UNREGISTERED): its sender says Hello again (a service ignores
+        such answers for a moment after its Hello: one sealed with the key of the Hello
+        before may arrive just after a new Hello)."""
         known = self.registry.peers.get(msg.instance)
-        if known is not None:
-            beat = beat_identity(known.identity.decode()).encode()
-            if identity not in (known.identity, beat):
-                self.server.rejected["beat_spoofed"] += 1
-                return
-            channel = MAIN if identity == known.identity else BEATS
-            if self._not_its_session(known, channel) is not None:
-                self.server.rejected["beat_bad_seal"] += 1
-                return
+        if known is None:
+            self._unregistered(identity, msg.KIND)
+            return
+        beat = beat_identity(known.identity.decode()).encode()
+        if identity not in (known.identity, beat):
+            self.server.rejected["beat_spoofed"] += 1
+            self._unregistered(identity, msg.KIND)
+            return
+        channel = MAIN if identity == known.identity else BEATS
+        if self._not_its_session(known, channel) is not None:
+            self.server.rejected["beat_bad_seal"] += 1
+            self._unregistered(identity, msg.KIND)
+            return
+        self.registry.beat(msg.instance, time.monotonic(), msg)
         self.shares.report_latency(msg.instance, msg.hub_rtt_s)
         if msg.generator is not None:
             self.shares.report(msg.instance, msg.generator.tokens_per_s)
-        if not self.registry.beat(msg.instance, time.monotonic(), msg):
-            self._unregistered(identity, msg.KIND)
 
     def _on_hello(self, identity: bytes, hello: m.Hello) -> None:
+        if self.auth is not None and self.auth.stale(hello.auth):
+            self._challenge(identity, hello.KIND)  # a first Hello, or one from before a restart
+            return
         refused = guard.check_hello(
             hello, self.registry, self.auth, self.roles, self.server.last_user_id
         )

@@ -106,6 +106,7 @@ class Session:
         # and every message after it sealed with the session key it opens
         self.secret = join.secret
         self._key: bytes | None = None  # the session key of the last Hello (with a secret)
+        self._challenge = ""  # the hub's challenge our Hellos answer (from its Challenge)
         self._warn = RateLimit()
         self.ctx = make_context()
         # until the first Welcome: the defaults (small messages only: Hello and Welcome)
@@ -167,7 +168,9 @@ class Session:
         round trip goes to the hub in every heartbeat (`hub_rtt_s`: the latency term of the
         device score)."""
         t0 = time.perf_counter()
-        welcome = handshake(self.client, self._hello(), self.transport.handshake_timeout_s)
+        welcome = handshake(
+            self.client, self._hello(), self.transport.handshake_timeout_s, self._answer
+        )
         self.hub_rtt_s = round(time.perf_counter() - t0, 6)
         self._on_welcome(welcome, answered_hello=True)
         return welcome
@@ -266,6 +269,11 @@ class Session:
             self._hellos_unanswered = max(0, self._hellos_unanswered - 1)
             self._on_welcome(msg, answered_hello=answered)
             return None
+        if isinstance(msg, m.Challenge):
+            if msg.in_reply_to == m.Hello.KIND:  # a hub that restarted: its new challenge
+                log.info("hub.challenged", hub=self.hub)
+                self.client.send(self._answer(msg.challenge))
+            return None
         if isinstance(msg, m.Shutdown):
             log.info("hub.shutdown", reason=msg.reason)
             self.stop.stop(f"hub: {msg.reason}")
@@ -290,6 +298,11 @@ class Session:
         self.client.send(self._hello())
         self._hellos_unanswered += 1
 
+    def _answer(self, challenge: str) -> m.Hello:
+        """A Hello signed for the hub's `challenge` (it answered ours with a Challenge)."""
+        self._challenge = challenge
+        return self._hello()
+
     def _hello(self) -> m.Hello:
         hello = m.Hello(
             service=self.service,
@@ -303,7 +316,7 @@ class Session:
         )
         if self.secret is None:
             return hello
-        sign(hello, self.secret)
+        sign(hello, self.secret, self._challenge)
         # what follows this Hello on the main socket is sealed with the key it opens (the
         # Hello itself too: the hub checks the Hello's signature, not its seal)
         self._key = session_key(self.secret, hello)

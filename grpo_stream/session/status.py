@@ -56,6 +56,7 @@ class StatusClient:
     ) -> None:
         self.address = address
         self.key = key  # the status key each request is signed with (None: unsigned)
+        self.challenge = ""  # the hub's, from its Challenge: signed into each request
         self._ctx: Context = make_context()
         self._client = Client(
             self._ctx, address, TransportSettings(), security, identity or f"status-{os.getpid()}"
@@ -65,10 +66,21 @@ class StatusClient:
         """The hub's status now; raises StatusUnavailable after `timeout_s` without one."""
         while self._client.recv(timeout_ms=0) is not None:
             pass  # an answer that came after an earlier ask gave up: not this one's
-        self._client.send(m.StatusRequest() if self.key is None else sign_status(self.key))
+        self._client.send(self._request())
         deadline = time.monotonic() + timeout_s
+        challenged = 0
         while time.monotonic() < deadline:
             msg = self._client.recv(timeout_ms=POLL_MS)
+            if isinstance(msg, m.Challenge) and self.key is not None and challenged < 2:
+                challenged += 1  # the first ask of this hub (or it restarted): sign for it
+                self.challenge = msg.challenge
+                self._client.send(self._request())
+                continue
+            if isinstance(msg, m.Challenge):
+                raise StatusUnavailable(
+                    f"the hub at {self.address} needs the run's secret or its status.token "
+                    "(--run-dir, --token-file)"
+                )
             if isinstance(msg, m.Status):
                 return HubStatus(
                     self.address, msg.policy_version, dict(msg.counters), list(msg.services)
@@ -78,6 +90,11 @@ class StatusClient:
                     f"the hub at {self.address} refused: {msg.message} ({msg.code})"
                 )
         raise StatusUnavailable(f"no answer from the hub at {self.address} within {timeout_s:.0f}s")
+
+    def _request(self) -> m.StatusRequest:
+        if self.key is None:
+            return m.StatusRequest()
+        return sign_status(self.key, self.challenge)
 
     def close(self) -> None:
         self._client.close()

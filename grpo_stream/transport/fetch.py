@@ -24,6 +24,8 @@ Invariants:
 - A server that sends nothing for `weights.fetch_stall_s` (say it died mid-fetch) fails the
   fetch with WeightsTimeout then, not at the whole fetch's deadline; the caller retries.
 - A fetch that takes longer than a few seconds reports its progress (`weights.fetch.progress`).
+- With the run's secret every request is signed (`transport.fetch_auth.sign_fetch`: a fresh
+  nonce each, to the trainer's server and to a relay alike); servers refuse unsigned ones.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from grpo_stream.transport.delta import (
     version_checksum,
 )
 from grpo_stream.transport.errors import SendTimeout, WeightsError, WeightsTimeout
+from grpo_stream.transport.fetch_auth import sign_fetch
 from grpo_stream.transport.fetch_buffers import StagingBuffers, place, target
 from grpo_stream.transport.sockets import Client, Context, Subscriber
 
@@ -72,7 +75,6 @@ class RelaySink(Protocol):
     """Where a fetcher hands what it receives to serve it on (`transport.relay.Relay`)."""
 
     address: str
-    claim: str  # signs `address` with the run's secret ("" without one)
 
     def expect(self, version: int, base: int) -> None: ...
     def offer(self, chunk: WeightsChunk) -> None: ...
@@ -169,11 +171,14 @@ class Replica:
         timeout_s: float = 60.0,
         weights: WeightsSettings | None = None,
         relay: RelaySink | None = None,
+        secret: bytes | None = None,
     ) -> int:
         """Fetch `version` (-1: the newest) as a delta from the held one when the server can,
         apply it whole, and return the version now held. A refused delta is logged once and
-        fetched again in full from `address`; a failed relay is replaced by `address`."""
-        link = _Link(ctx, settings, security, timeout_s, weights or WeightsSettings(), relay)
+        fetched again in full from `address`; a failed relay is replaced by `address`.
+        `secret`: the run's, which signs every request."""
+        got = weights or WeightsSettings()
+        link = _Link(ctx, settings, security, timeout_s, got, relay, secret)
         self.staging.begin()
         try:
             return self._swap(*link.receive(address, version, self))
@@ -203,6 +208,11 @@ class _Link:
     timeout_s: float
     weights: WeightsSettings
     relay: RelaySink | None
+    secret: bytes | None = None
+
+    def signed(self, request: WeightsRequest) -> WeightsRequest:
+        """`request` with a fresh proof of the run's secret (as is without one)."""
+        return request if self.secret is None else sign_fetch(self.secret, request)
 
     def receive(
         self, origin: str, version: int, replica: Replica, direct: bool = False, full: bool = False
@@ -211,10 +221,7 @@ class _Link:
         (`full`: ask for the whole set, not a delta)."""
         have = -1 if full else replica.version
         relay_at = None if self.relay is None else self.relay.address
-        claim = "" if self.relay is None else self.relay.claim
-        request = WeightsRequest(
-            version=version, have=have, relay=relay_at, direct=direct, auth=claim
-        )
+        request = WeightsRequest(version=version, have=have, relay=relay_at, direct=direct)
         try:
             got = self._once(origin, request, replica, stall_s=self.weights.fetch_stall_s)
             if isinstance(got, WeightsRedirect):
@@ -231,9 +238,7 @@ class _Link:
         self, redirect: WeightsRedirect, origin: str, request: WeightsRequest, replica: Replica
     ) -> tuple[int, int, Arrays, int] | WeightsRedirect:
         """The redirected version from the relay; from `origin` directly if the relay fails."""
-        via = WeightsRequest(
-            version=redirect.version, have=redirect.base, relay=request.relay, auth=request.auth
-        )
+        via = WeightsRequest(version=redirect.version, have=redirect.base, relay=request.relay)
         try:
             got = self._once(
                 redirect.address, via, replica, self.weights.relay_stall_s, redirect.checksum
@@ -264,7 +269,7 @@ class _Link:
         client = Client(self.ctx, address, self.settings, self.security, identity)
         try:
             with long_wait("weights.fetch", unit="chunks", address=address) as wait:
-                self._send(client, request, address)
+                self._send(client, self.signed(request), address)
                 return self._chunks(client, address, replica, stall_s, wait, announced)
         finally:
             client.close()
@@ -336,14 +341,16 @@ def fetch_weights(
     security: SecuritySettings,
     version: int = -1,
     timeout_s: float = 60.0,
+    secret: bytes | None = None,
 ) -> tuple[int, Arrays]:
-    """Request one version (-1: the newest) in full and return (version, [(name, array)]).
+    """Request one version (-1: the newest) in full and return (version, [(name, array)]);
+    `secret`: the run's, which signs the request.
 
     Raises WeightsTimeout (naming the address) when not all chunks arrive in time, WeightsError
     when the server refuses or the chunks do not form exactly one version.
     """
     replica = Replica()
-    got = replica.fetch(ctx, address, settings, security, version, timeout_s)
+    got = replica.fetch(ctx, address, settings, security, version, timeout_s, secret=secret)
     return got, replica.named()
 
 

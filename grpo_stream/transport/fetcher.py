@@ -6,10 +6,10 @@ Invariants:
 - one fetch at a time: the `Replica` (the wire arrays of the version held, base of the
   server's deltas, every tensor and the whole version checksummed) is never read while it
   is written;
+- with the run's `secret` every request is signed: a weight server or relay of a run with
+  one serves nothing to a fetcher without it (`grpo_stream.transport.fetch_auth`);
 - with `weights.relay`, what arrives is served to other generators by a `Relay` started on
-  the first fetch; with the run's `secret` its claim is signed, which the weight server
-  requires before it names it to anyone (`grpo_stream.transport.weights`). Without the
-  secret a run that has one never uses this relay: the fetcher must be given it.
+  the first fetch, which serves members only likewise.
 - `fetches` counts versions fetched over the network (one per version however many workers
   load it).
 """
@@ -59,7 +59,7 @@ class VersionFetcher:
                 )  # fmt: skip
             got = self._replica.fetch(
                 self._ctx, address, self._transport, self._security, version=version,
-                weights=self._weights, relay=self._relay,
+                weights=self._weights, relay=self._relay, secret=self._secret,
             )  # fmt: skip
             self.fetches += 1
             return got, self._replica.named()

@@ -11,9 +11,11 @@ Invariants:
 - When its owner's fetch fails (`abort`), every child being served gets
   Error(code="relay_failed") and fetches directly from the trainer; a relay that dies simply
   stops sending, and its children give up after `weights.relay_stall_s`.
-- CURVE: the ROUTER is secured like every binding socket (`security`); with the run's
-  secret, `claim` signs its address for the weight server (only holders of the secret
-  relay), and a relay bound beyond loopback needs one or the other.
+- CURVE: the ROUTER is secured like every binding socket (`security`), and a relay bound
+  beyond loopback needs CURVE or the run's secret. Like the trainer's server it serves
+  members only (`transport.fetch_auth.FetchGuard`): a request without proof of the run's
+  secret (or, under per-role keys, not from a generator's key) gets Error(code
+  "unauthorized") and no chunk (`weights.refused_fetch`, an error event).
 - The ROUTER lives in its own thread (`transport.server_thread`); `expect`/`offer`/`abort`
   are called from the owner's thread and only touch state under a lock.
 """
@@ -28,7 +30,7 @@ import structlog
 
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols.messages import Error, WeightsChunk, WeightsRequest
-from grpo_stream.transport.runsecret import relay_claim
+from grpo_stream.transport.fetch_auth import FetchGuard
 from grpo_stream.transport.server_thread import ServerThread
 from grpo_stream.transport.sockets import Context, SendStatus, Server
 
@@ -67,6 +69,7 @@ class Relay:
         secret: bytes | None = None,
     ) -> None:
         self._wait_s = wait_s
+        self._guard = FetchGuard(secret, security)
         self._lock = threading.Lock()
         self._feed: _Feed | None = None
         self.served = 0  # complete streams relayed (read for stats)
@@ -81,8 +84,6 @@ class Relay:
             setting="weights.relay_bind",
         )
         self.address = self._serving.address
-        # signs `address` with the run's secret ("" without one): the weight server's proof
-        self.claim = "" if secret is None else relay_claim(secret, self.address)
 
     def expect(self, version: int, base: int) -> None:
         """The owner starts receiving (version, base): children may ask for it now."""
@@ -114,7 +115,8 @@ class Relay:
                 peer, msg = got
                 pending.pop(peer, None)
                 if isinstance(msg, WeightsRequest):
-                    pending[peer] = (msg, time.monotonic() + self._wait_s)
+                    if self._guard.admit(server, peer, msg):
+                        pending[peer] = (msg, time.monotonic() + self._wait_s)
                 else:
                     server.send(peer, Error(code="unexpected", message=f"{msg.KIND} here"))
             self._admit(server, children, pending)

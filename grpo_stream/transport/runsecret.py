@@ -6,9 +6,10 @@ gets it from a file (`--secret-file`, `security.secret_file`) or from the enviro
 filesystem and without putting it on a command line `ps` shows).
 
 Derived keys (`derive`: HMAC-SHA256 of the purpose with the secret) keep one use from
-serving another: a read-only status token (`status` key) cannot sign a Hello or a relay
-claim. Relay claims (`relay_claim`, `relay_claim_valid`) live here, beside the weight
-server that checks them; Hello, session and status signatures in `grpo_stream.hub.auth`.
+serving another: a read-only status token (`status` key) cannot sign a Hello or a weights
+request. Signed weights requests live in `grpo_stream.transport.fetch_auth`; Hello, session
+and status signatures in `grpo_stream.hub.auth`; both remember the nonces they saw here
+(`FreshNonces`).
 
 Invariant: nothing here logs, prints or returns a secret in an error message.
 """
@@ -27,8 +28,10 @@ SECRET_ENV = "GRPO_STREAM_SECRET"
 """The environment variable a launcher hands the secret in (never a command-line argument)."""
 MIN_SECRET_BYTES = 32
 STATUS = "status"
-RELAY = "relay"
+WEIGHTS = "weights"
 SESSION = "session"
+MAX_AGE_S = 300.0
+"""How far a signing time may be from the receiver's clock (queued requests, clock skew)."""
 
 
 class AuthError(RuntimeError):
@@ -89,15 +92,25 @@ def derive(secret: bytes, purpose: str) -> bytes:
     return hmac.new(secret, f"grpo-stream {purpose} v1".encode(), hashlib.sha256).digest()
 
 
-def _mac(key: bytes, *fields: str) -> str:
-    return hmac.new(key, "\n".join(fields).encode(), hashlib.sha256).hexdigest()
+class FreshNonces:
+    """Signing times within `max_age_s` of the clock, each nonce once."""
 
+    def __init__(self, max_age_s: float = MAX_AGE_S) -> None:
+        self._max_age_s = max_age_s
+        self._seen: dict[str, float] = {}  # nonce -> its signing time (s)
+        self._pruned = 0.0  # when nonces past the max age were last forgotten
 
-def relay_claim(secret: bytes, address: str) -> str:
-    """The signature a fetcher sends with `WeightsRequest.relay = address`: only a holder of
-    the run's secret can make a relay of an address (a replayed claim names the same one)."""
-    return _mac(derive(secret, RELAY), RELAY, address)
-
-
-def relay_claim_valid(secret: bytes, address: str, claim: str) -> bool:
-    return hmac.compare_digest(claim, relay_claim(secret, address))
+    def check(self, time_ms: int, nonce: str, now: float) -> str | None:
+        """None if (time_ms, nonce) is fresh and new (and remember it); else why not. Call
+        it only once the signature is valid, so a stranger cannot fill the memory."""
+        signed_at = time_ms / 1000
+        if abs(now - signed_at) > self._max_age_s:
+            off = now - signed_at
+            return f"signed {off:.0f} s from the receiver's clock (max {self._max_age_s:g})"
+        if now - self._pruned >= 1.0:  # once a second, not per message (a fleet joins at once);
+            self._pruned = now  # a nonce kept a little longer still only refuses a replay
+            self._seen = {n: t for n, t in self._seen.items() if now - t <= self._max_age_s}
+        if nonce in self._seen:
+            return "replayed (its nonce was seen)"
+        self._seen[nonce] = signed_at
+        return None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import structlog
@@ -39,7 +40,7 @@ import zmq
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols.codec import Limits, decode, encode
 from grpo_stream.protocols.errors import ProtocolError
-from grpo_stream.protocols.messages import Error, Hello, Message, Welcome
+from grpo_stream.protocols.messages import Challenge, Error, Hello, Message, Welcome
 from grpo_stream.ratelimit import LOG_EVERY_S, RateLimit
 from grpo_stream.transport.curve import secure_client, secure_server, stop_authenticator
 from grpo_stream.transport.errors import ExposedBind
@@ -363,19 +364,42 @@ class Subscriber(_Connected):
         return [(zmq.SUBSCRIBE, b"")]
 
 
-def handshake(client: Client, hello: Hello, timeout_s: float) -> Welcome:
-    """Send Hello and wait for the hub's Welcome.
+MAX_CHALLENGES = 3
+"""Challenges one handshake answers (a hub answers a Hello signed for its own at once)."""
 
-    Raises HandshakeRefused when the hub answers with Error, HandshakeTimeout (naming the
-    address and transport.handshake_timeout_s) when nothing usable arrives in time.
+
+def handshake(
+    client: Client,
+    hello: Hello,
+    timeout_s: float,
+    resign: Callable[[str], Hello] | None = None,
+) -> Welcome:
+    """Send Hello and wait for the hub's Welcome. A hub with the run's secret answers a Hello
+    that does not answer its challenge with `Challenge`: `resign(challenge)` gives the Hello
+    signed for it, sent in its place.
+
+    Raises HandshakeRefused when the hub answers with Error (or a Challenge without
+    `resign`, or too many), HandshakeTimeout (naming the address and
+    transport.handshake_timeout_s) when nothing usable arrives in time.
     """
     client.send(hello)
+    challenged = 0
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         reply = client.recv(max(1, int(left * 1000)))
         if isinstance(reply, Welcome):
             log.info("transport.handshake_done", address=client.address)
             return reply
+        if isinstance(reply, Challenge) and resign is not None and challenged < MAX_CHALLENGES:
+            challenged += 1
+            client.send(resign(reply.challenge))
+            continue
+        if isinstance(reply, Challenge):
+            raise HandshakeRefused(
+                f"hub at {client.address} asks for a Hello signed with the run's secret "
+                "(give this service --secret-file or GRPO_STREAM_SECRET)",
+                code="challenge",
+            )
         if isinstance(reply, Error):
             raise HandshakeRefused(
                 f"hub at {client.address} refused Hello: {reply.message} ({reply.code})",

@@ -22,10 +22,11 @@ Invariants:
 - Chunks go out without copies and without blocking: a peer whose queue is at the HWM is
   resumed later from where it stopped. Memory: the current snapshot and the step deltas,
   plus older chunk sets only while some peer is still being streamed one.
-- Only an authenticated generator becomes a relay: with the run's secret, a request whose
-  `relay` claim is not signed with it (`transport.runsecret.relay_claim`), and under CURVE
-  with per-role keys, one from a key that is not a generator's, is served but never made a
-  relay (`weights.relay_refused`, one error event). Every WeightsRedirect names the version's
+- Weights only to members: with the run's secret, a request without a valid, fresh, unseen
+  proof of it (`transport.fetch_auth`), and under CURVE with per-role keys, one from a key
+  that is not a generator's, gets Error(code "unauthorized") and not one chunk
+  (`weights.refused_fetch`, an error event, rate-limited). The proof covers the `relay`
+  address, so only a member becomes a relay. Every WeightsRedirect names the version's
   checksum, which the fetcher checks the relay's chunks against.
 - The ROUTER lives in a background thread that creates it; the PUB socket is used only by
   `publish` (serialised by a lock).
@@ -52,10 +53,9 @@ from grpo_stream.protocols.messages import (
     WeightsRequest,
 )
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.transport.curve import key_roles
 from grpo_stream.transport.delta import RAW, version_checksum
 from grpo_stream.transport.errors import TransportError, WeightsError
-from grpo_stream.transport.runsecret import relay_claim_valid
+from grpo_stream.transport.fetch_auth import FetchGuard
 from grpo_stream.transport.server_thread import ServerThread
 from grpo_stream.transport.sockets import (
     Announcer,
@@ -155,10 +155,7 @@ class WeightServer:
         weights: WeightsSettings | None = None,
         secret: bytes | None = None,
     ) -> None:
-        self._secret = secret  # the run's: relay claims are signed with it
-        roles = key_roles(security.keys_dir) if security.curve and security.keys_dir else {}
-        # under CURVE with per-role keys: the generator keys, the only ones that may relay
-        self._relay_keys = {k for k, role in roles.items() if role == "generator"}
+        self._guard = FetchGuard(secret, security)  # who may fetch (the run's secret, CURVE roles)
         self._ctx = ctx
         self._settings = settings
         self._security = security
@@ -262,6 +259,8 @@ class WeightServer:
         if not isinstance(msg, WeightsRequest):
             server.send(peer, Error(code="unexpected", message=f"{type(msg).__name__} here"))
             return
+        if not self._guard.admit(server, peer, msg):
+            return
         with self._lock:
             current = self._current
             if current is None:
@@ -280,7 +279,7 @@ class WeightServer:
                 )  # fmt: skip
         if self._weights.relay and not msg.direct:
             tree = self._trees.setdefault((current.version, base), _Tree(self._weights.fanout))
-            parent = tree.place(self._relay_of(server, msg))
+            parent = tree.place(msg.relay)  # a member's: its request is signed or its key allowed
             if parent is not None:
                 self.redirects += 1
                 if (count := self._warn.allow("weights.sent_to_relay")) is not None:
@@ -296,21 +295,6 @@ class WeightServer:
         stream = _Stream(chunks if chunks is not None else current.chunks, current.version)
         self.sent_bytes += sum(int(t.nbytes) for c in stream.chunks for t in c.tensors)
         streams[peer] = stream  # a repeated request restarts that peer's stream
-
-    def _relay_of(self, server: Server, msg: WeightsRequest) -> str | None:
-        """The relay address `msg` offers, if its sender may relay (see the module doc)."""
-        if msg.relay is None:
-            return None
-        why = ""
-        if self._secret is not None and not relay_claim_valid(self._secret, msg.relay, msg.auth):
-            why = "its relay claim is not signed with the run's secret"
-        elif self._relay_keys and server.last_user_id not in self._relay_keys:
-            why = "its CURVE key is not a generator's"
-        if not why:
-            return msg.relay
-        if (count := self._warn.allow("weights.relay_refused")) is not None:
-            log.error("weights.relay_refused", relay=msg.relay, reason=why, count=count)
-        return None
 
     def _pump(self, server: Server, streams: dict[bytes, _Stream]) -> None:
         """Queue as many pending chunks as each peer's HWM allows."""

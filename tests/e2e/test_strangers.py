@@ -86,9 +86,12 @@ def test_a_strangers_messages_under_a_guessed_name_are_refused_unregistered(live
 
 @pytest.mark.slow
 def test_a_peer_with_the_secret_but_no_session_key_gets_nothing(live: Run) -> None:
-    hello = sign(m.Hello(service="fuzzer", instance="fuzz-peer", host="h", pid=1, capacity=0),
-                 load_secret(live.run_dir / "secret"))  # fmt: skip
-    welcome, got = ask_raw(_hub(live), [hello, m.BatchRequest(step=0, trainer_version=0)])
+    secret = load_secret(live.run_dir / "secret")
+    hello = m.Hello(service="fuzzer", instance="fuzz-peer", host="h", pid=1, capacity=0)
+    (challenge,) = ask_raw(_hub(live), [sign(hello, secret, "")])
+    assert isinstance(challenge, m.Challenge)
+    signed = sign(hello, secret, challenge.challenge)
+    welcome, got = ask_raw(_hub(live), [signed, m.BatchRequest(step=0, trainer_version=0)])
     assert isinstance(welcome, m.Welcome)
     assert isinstance(got, m.Error) and got.code == "bad_seal", got  # not sealed
 

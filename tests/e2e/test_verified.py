@@ -22,7 +22,7 @@ from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.hub.auth import load_secret
 from grpo_stream.protocols import messages as m
 from grpo_stream.transport.delta import RAW, checksum, version_checksum
-from grpo_stream.transport.runsecret import relay_claim
+from grpo_stream.transport.fetch_auth import sign_fetch
 from grpo_stream.transport.sockets import Client, Server, Subscriber, close_context, make_context
 
 from .conftest import Run, assert_accounting, hub_events
@@ -121,10 +121,11 @@ class RelayOffer(threading.Thread):
 
     def _offer(self) -> None:
         address = self.server.address
-        claim = "" if self.secret is None else relay_claim(self.secret, address)
-        client = Client(self.ctx, self.weights, TransportSettings(), SecuritySettings(),
-                        f"offer-{id(self)}-{time.monotonic_ns()}")  # fmt: skip
-        client.send(m.WeightsRequest(version=-1, have=-1, relay=address, auth=claim))
+        request = m.WeightsRequest(version=-1, have=-1, relay=address)
+        signed = request if self.secret is None else sign_fetch(self.secret, request)
+        identity = f"offer-{id(self)}-{time.monotonic_ns()}"
+        client = Client(self.ctx, self.weights, TransportSettings(), SecuritySettings(), identity)
+        client.send(signed)
         chunks: list[m.WeightsChunk] = []
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

@@ -24,7 +24,7 @@ from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import decode, encode
 from grpo_stream.tasks import make_task
 from grpo_stream.transport.seal import MAIN, Sealer
-from grpo_stream.transport.sockets import Client, close_context, make_context
+from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
 
 Attack = Callable[["Rogue", m.PromptBatch, int], list[bytes]]
 
@@ -69,20 +69,19 @@ class Rogue:
 
     def join(self) -> m.Welcome:
         address = (self.run_dir / "hub.addr").read_text().strip()
-        self.client = Client(self.ctx, address, TransportSettings(), SecuritySettings(),
-                             f"{self.instance}.{os.getpid()}")  # fmt: skip
-        hello = sign(m.Hello(service="generator", instance=self.instance,
-                             host=socket.gethostname(), pid=os.getpid(), capacity=4),
-                     self.secret)  # fmt: skip
+        identity = f"{self.instance}.{os.getpid()}"
+        self.client = Client(self.ctx, address, TransportSettings(), SecuritySettings(), identity)
+        welcome = handshake(self.client, self.hello(""), 30.0, self.hello)
+        self.task = make_task(config_from_dict(dict(welcome.config)).task)
+        return welcome
+
+    def hello(self, challenge: str) -> m.Hello:
+        """A Hello signed for the hub's `challenge`; what follows it is sealed with its key."""
+        assert self.client is not None
+        hello = m.Hello("generator", self.instance, socket.gethostname(), os.getpid(), 4)
+        sign(hello, self.secret, challenge)
         self.client.sealer = Sealer(session_key(self.secret, hello), MAIN)
-        self.client.send(hello)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            reply = self.client.recv(200)
-            if isinstance(reply, m.Welcome):
-                self.task = make_task(config_from_dict(dict(reply.config)).task)
-                return reply
-        raise AssertionError("the rogue generator got no Welcome")
+        return hello
 
     def play(self, rollouts: int, timeout_s: float = 90.0, replies: bool = True) -> None:
         """Ask for work and answer `rollouts` prompts with attacks, the rest of a batch's

@@ -106,7 +106,7 @@ class Updater:
         secret: bytes | None = None,
     ) -> Updater:
         """Initialise vLLM's transfer protocol and label the loaded weights version 0.
-        `secret`: the run's, which signs the relay's claim (`weights.relay`)."""
+        `secret`: the run's, which signs every weights request."""
         loop.run(compat.init_transfer(llm))
         loop.run(compat.label(llm, 0))
         local = local_model_dir(path)

@@ -26,7 +26,7 @@ import structlog
 
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.payloads.refs import check_meta, shell_rollout
-from grpo_stream.hub.registry import Peer, Registry
+from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.protocols import messages as m
@@ -96,18 +96,6 @@ class DirectPayloads:
         _, group.source, group.digest = self.where[group.group_id]
 
     # ----- losses -----------------------------------------------------------------------
-    def before_session(self, identity: bytes, msg: m.Message, registry: Registry) -> None:
-        """A generator leaving (Shutdown) or restarted (Hello, same instance, other pid):
-        its store is gone with its process."""
-        if isinstance(msg, m.Hello) and msg.service == "generator":
-            old = registry.peers.get(msg.instance)
-            if old is not None and old.pid != msg.pid:
-                self.holder_lost(msg.instance, "restarted")
-        elif isinstance(msg, m.Shutdown):
-            peer = registry.by_identity(identity)
-            if peer is not None and peer.service == "generator":
-                self.holder_lost(peer.instance, "left")
-
     def holder_lost(self, holder: str, why: str) -> int:
         """Every group whose payload only `holder` had and that is not trained yet goes
         back to generation; returns how many."""

@@ -1,5 +1,7 @@
-"""Episode groups at the hub: scored by their environment on arrival (no scorer), each
-ends exactly once, per-turn advantages reach the batch, malformed ones are refused."""
+"""Episode groups at the hub whose environment no scorer can replay (an agent's: their
+rewards are the generator's word): scored on arrival, each ends exactly once, per-turn
+advantages reach the batch, malformed ones are refused. Episodes a scorer replays:
+tests/unit/hub/test_transcript.py."""
 
 from __future__ import annotations
 
@@ -18,13 +20,15 @@ from grpo_stream.services.grouper import Grouper
 from grpo_stream.transport.sockets import close_context
 
 G = 2
+AGENT = "grpo_stream.agents.calc:calc_agent"
+"""An agent plays the episodes: no scorer can replay them, the generator's rewards count."""
 SAMPLING = sampling_params(load_config(None, []).generator)
 
 
 def make_hub(tmp_path, *sets: str) -> Grouper:
     cfg = load_config(
         None,
-        [f'run.run_dir="{tmp_path}"', 'task.name="guess"', 'env.name="guess"',
+        [f'run.run_dir="{tmp_path}"', 'task.name="guess"', f'env.agent="{AGENT}"',
          f"generator.group_size={G}", "hub.groups_per_step=1", *sets],
     )  # fmt: skip
     return Grouper(cfg)
@@ -67,7 +71,7 @@ def lease_one(hub: Grouper) -> tuple[int, int]:
     return lease.lease_id, next(iter(lease.group_ids))
 
 
-def test_an_episode_group_is_buffered_without_a_scorer(hub) -> None:
+def test_an_agents_episode_group_is_buffered_without_a_scorer(hub) -> None:
     peer = generator(hub)
     lease, gid = lease_one(hub)
     hub.intake.on_rollout(peer, episode_rollout(gid, lease, [1.1, 0.1]))
@@ -113,7 +117,7 @@ def test_an_episode_rollout_whose_turns_do_not_fit_is_refused(hub) -> None:
     bad = episode_rollout(gid, lease, [1.0, 0.0])
     bad.loss_mask = bad.loss_mask[:3]
     hub.intake.on_rollout(peer, bad)
-    assert hub.server.rejected["bad_rollout"] == 1
+    assert hub.server.rejected["bad_rollout"] == 1 and hub.trust.bad_rollouts["generator-0"] == 1
     assert hub.ledger.summary()["in_progress"] == 1  # still awaiting a valid rollout
 
 

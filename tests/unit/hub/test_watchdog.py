@@ -105,12 +105,13 @@ def test_the_run_stops_after_stall_abort_s_with_the_reason(tmp_path):
         close_context(grouper.ctx)
 
 
-def test_an_episode_run_without_a_scorer_is_not_told_to_start_one(tmp_path):
-    overrides = ['task.name="guess"', 'env.name="guess"', "hub.groups_per_step=2"]
+def test_an_agent_run_without_a_scorer_is_not_told_to_start_one(tmp_path):
+    agent = 'env.agent="grpo_stream.agents.calc:calc_agent"'  # its generators reward it
+    overrides = ['task.name="calc"', agent, "hub.groups_per_step=2"]
     cfg = load_config(None, [f'run.run_dir="{tmp_path}"', *overrides])
     grouper = Grouper(cfg)
     try:
-        _join(grouper, "trainer", "generator")  # what `up` starts for episodes
+        _join(grouper, "trainer", "generator")  # what `up` starts for an agent
         stalls = _stalls(grouper, Watchdog(cfg.run, now=0.0), 31.0)
         assert len(stalls) == 1 and "scorer" not in str(stalls[0]["why"])
     finally:

@@ -1,5 +1,6 @@
-"""What `up` starts on this machine: no scorer for episode runs (their rewards come from the
-environment in the generator; the hub scores episode Rollouts itself)."""
+"""What `up` starts on this machine: scorers for single-turn runs and for episodes a scorer
+replays; none for episodes no scorer can replay (an agent's: their rewards are the
+generator's word, and the hub takes their Rollouts' rewards itself)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,16 @@ def test_single_turn_runs_start_their_scorers() -> None:
     assert services({"scorer": {"count": 2}}).count("scorer") == 2
 
 
-def test_episode_runs_start_no_scorer() -> None:
+def test_episodes_a_scorer_replays_start_their_scorers() -> None:
     started = services(
         {"task": {"name": "guess"}, "env": {"name": "guess"}, "scorer": {"count": 2}}
     )
+    assert started.count("scorer") == 2 and {"trainer", "generator"} <= set(started)
+
+
+def test_an_agents_episodes_start_no_scorer() -> None:
+    agent = {"agent": "grpo_stream.agents.calc:calc_agent"}
+    started = services({"task": {"name": "calc"}, "env": agent, "scorer": {"count": 2}})
     assert "scorer" not in started and {"trainer", "generator"} <= set(started)
 
 

@@ -21,9 +21,14 @@ from grpo_stream.transport.sockets import Server, close_context, make_context
 
 class ScriptedHub:
     def __init__(
-        self, cfg: RunConfig, address: str = "tcp://127.0.0.1:0", digest: str | None = None
+        self,
+        cfg: RunConfig,
+        address: str = "tcp://127.0.0.1:0",
+        digest: str | None = None,
+        challenge: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self.challenge = challenge  # a hub with the run's secret: Hellos must answer it
         self.digest = cfg.digest() if digest is None else digest
         self.ctx = make_context()
         self.server = Server(self.ctx, address, TransportSettings(), SecuritySettings(), "hub")
@@ -64,6 +69,10 @@ class ScriptedHub:
             time.sleep(0.02)
         raise AssertionError(f"{count} {kind.__name__} did not come in {timeout_s} s: {got}")
 
+    def _challenged(self, hello: m.Hello) -> bool:
+        """Whether `hello` answers another challenge than this hub's (when it has one)."""
+        return self.challenge is not None and hello.auth.split(":")[3:4] != [self.challenge]
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             while not self._out.empty():
@@ -75,7 +84,10 @@ class ScriptedHub:
             identity, msg = got
             with self._lock:
                 self.received.append(msg)
-            if isinstance(msg, m.Hello):
+            if isinstance(msg, m.Hello) and self._challenged(msg):
+                challenge = m.Challenge(challenge=self.challenge or "", in_reply_to="hello")
+                self.server.send(identity, challenge)
+            elif isinstance(msg, m.Hello):
                 self.known[msg.instance] = identity
                 self.server.send(identity, self.welcome())
             elif isinstance(msg, m.Heartbeat) and msg.instance not in self.known:

@@ -15,6 +15,7 @@ from grpo_stream.config.transport import SecuritySettings
 from grpo_stream.hub.auth import sign_status, status_key
 from grpo_stream.protocols import messages as m
 from grpo_stream.session.hub import HubSessions
+from grpo_stream.session.identity import UNREGISTERED
 from grpo_stream.session.service import Join, Session, StopFlag
 from grpo_stream.transport.seal import MAIN, Sealer
 from grpo_stream.transport.sockets import Client
@@ -86,7 +87,9 @@ def test_a_stranger_with_a_dead_peers_identity_is_refused_and_the_peer_dropped(
     link._hb_stop.set()
 
 
-def test_a_beat_with_a_stale_key_is_dropped_quietly(hub: SealedHub) -> None:
+def test_a_beat_with_a_stale_key_changes_nothing_and_is_told_to_say_hello(
+    hub: SealedHub,
+) -> None:
     link = join(hub, "sc-2")
     try:
         link._hb_stop.set()  # its own beat socket goes: this one takes its identity
@@ -97,22 +100,31 @@ def test_a_beat_with_a_stale_key_is_dropped_quietly(hub: SealedHub) -> None:
                           link.identity + ".hb")  # fmt: skip
             beat.sealer = Sealer(b"k" * 32, 1)  # as if sealed with the key of a Hello before
             beat.send(m.Heartbeat(instance="sc-2"))
-            time.sleep(0.1)
+            reply = beat.recv(300)
             beat.close()
             if hub.server.rejected["beat_bad_seal"]:
                 break
         assert hub.server.rejected["beat_bad_seal"] >= 1
         assert "sc-2" in hub.registry.peers and hub.refused == []
+        assert isinstance(reply, m.Error) and reply.code == UNREGISTERED  # say Hello again
     finally:
         link.close("done")
 
 
 def test_status_needs_the_status_key(hub: SealedHub) -> None:
+    assert hub.sessions.auth is not None
+    challenge = hub.sessions.auth.challenge
     assert not hub.sessions.may_read_status(b"x", m.StatusRequest())
     assert hub.refused == ["bad_status_request"]
-    assert hub.sessions.may_read_status(b"x", sign_status(status_key(SECRET)))
-    forged = sign_status(status_key(b"b" * 64))
+    assert hub.sessions.may_read_status(b"x", sign_status(status_key(SECRET), challenge))
+    forged = sign_status(status_key(b"b" * 64), challenge)
     assert not hub.sessions.may_read_status(b"x", forged)
-    replayed = sign_status(status_key(SECRET))
+    replayed = sign_status(status_key(SECRET), challenge)
     assert hub.sessions.may_read_status(b"x", replayed)
     assert not hub.sessions.may_read_status(b"x", replayed)
+
+
+def test_a_status_request_signed_for_another_challenge_is_challenged(hub: SealedHub) -> None:
+    before = sign_status(status_key(SECRET), "0" * 32)  # as signed for the hub before a restart
+    assert not hub.sessions.may_read_status(b"x", before)
+    assert hub.refused == [] and hub.sessions.challenged == 1

@@ -203,20 +203,25 @@ def test_run_service_exits_with_config_changed_and_tells_the_hub(
         hubs[-1].close()
 
 
-def test_a_session_given_the_runs_secret_signs_every_hello(
-    hub: ScriptedHub, tmp_path: Path
+def test_a_session_given_the_runs_secret_signs_every_hello_for_the_hubs_challenge(
+    tmp_path: Path,
 ) -> None:
     from grpo_stream.hub.auth import HelloAuth, load_secret, write_secret
 
-    secret = write_secret(tmp_path / "secret")
-    signed = Join("generator", "gen-1", hub.address, SecuritySettings(), secret=load_secret(secret))
-    link = Session(signed, StopFlag())
-    link.connect()
-    link.introduce()  # a second Hello (as the trainer's, announcing endpoints)
-    hellos = hub.wait_for(m.Hello, count=2, timeout_s=5.0)
-    link.close("test")
-    auth = HelloAuth(load_secret(secret))
-    assert [auth.check(h) for h in hellos] == [None, None]  # each with its own nonce
+    secret = load_secret(write_secret(tmp_path / "secret"))
+    auth = HelloAuth(secret)
+    hub = ScriptedHub(run_config(tmp_path), challenge=auth.challenge)
+    try:
+        join = Join("generator", "gen-1", hub.address, SecuritySettings(), secret=secret)
+        link = Session(join, StopFlag())
+        link.connect()  # its first Hello answers no challenge: challenged, then signed again
+        link.introduce()  # a second Hello (as the trainer's, announcing endpoints)
+        hellos = hub.wait_for(m.Hello, count=3, timeout_s=5.0)
+        link.close("test")
+    finally:
+        hub.close()
+    assert auth.stale(hellos[0].auth)
+    assert [auth.check(h) for h in hellos[1:]] == [None, None]  # each with its own nonce
 
 
 def test_repeated_errors_from_the_hub_are_logged_rate_limited(

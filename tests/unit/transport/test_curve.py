@@ -116,8 +116,27 @@ def test_weights_fetch_over_curve(ctx: Context, settings: TransportSettings, key
 
     server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
     server.publish(3, [("w", torch.ones(2, 2))])
-    version, tensors = fetch_weights(ctx, server.addresses["weights"], settings, _secure(keys))
+    generator = _secure(keys, "generator")
+    version, tensors = fetch_weights(ctx, server.addresses["weights"], settings, generator)
     assert version == 3 and [n for n, _ in tensors] == ["w"]
+    server.close()
+
+
+def test_a_key_of_another_role_gets_no_weights(
+    ctx: Context, settings: TransportSettings, keys: Path
+) -> None:
+    import torch
+
+    from grpo_stream.transport.errors import WeightsError
+    from grpo_stream.transport.fetch import fetch_weights
+    from grpo_stream.transport.weights import WeightServer
+
+    server = WeightServer(ctx, LOCAL, LOCAL, settings, _secure(keys))
+    server.publish(3, [("w", torch.ones(2, 2))])
+    for name in ("client", "scorer"):  # the status key and a scorer's: allowed, no fetchers
+        with pytest.raises(WeightsError, match="unauthorized"):
+            fetch_weights(ctx, server.addresses["weights"], settings, _secure(keys, name))
+    assert server.sent_bytes == 0
     server.close()
 
 
@@ -205,10 +224,10 @@ def test_relay_link_is_curve_secured(ctx: Context, settings: TransportSettings, 
     relay = Relay(ctx, LOCAL, settings, _secure(keys, "generator"))
     server.publish(3, [("w", torch.ones(2, 2))])
     first, second = Replica(), Replica()
-    # only a generator key's fetcher becomes a relay (the role-less client key does not)
-    first.fetch(ctx, server.addresses["weights"], settings, _secure(keys, "generator"),
-                weights=weights, relay=relay)  # fmt: skip
-    assert second.fetch(ctx, server.addresses["weights"], settings, _secure(keys)) == 3
+    generator = _secure(keys, "generator")  # only generator keys fetch, and so relay
+    address = server.addresses["weights"]
+    first.fetch(ctx, address, settings, generator, weights=weights, relay=relay)
+    assert second.fetch(ctx, server.addresses["weights"], settings, generator) == 3
     assert server.redirects == 1  # the second came through the relay, over CURVE
     plain = Client(ctx, relay.address, settings, SecuritySettings(), "plain")
     plain.send(WeightsRequest(version=3, have=-1))

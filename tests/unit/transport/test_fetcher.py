@@ -1,13 +1,15 @@
 """The fetcher both engines use, against a real weight server under the run's secret: given
-the secret, the relay it starts is named to the next fetcher; without it, never (the vLLM
-engine's fetcher once started its relay unsigned, so a run with a secret never used it)."""
+the secret, it gets the weights and the relay it starts is named to the next fetcher;
+without it, it gets no weights at all."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from structlog.testing import capture_logs
 
 from grpo_stream.config.transport import SecuritySettings, WeightsSettings
+from grpo_stream.transport.errors import WeightsError
 from grpo_stream.transport.fetch import Replica
 from grpo_stream.transport.fetcher import VersionFetcher
 from grpo_stream.transport.sockets import Context
@@ -34,9 +36,9 @@ def test_with_the_runs_secret_the_version_held_is_relayed(ctx: Context) -> None:
         assert got == 1 and fetcher.fetches == 1
         assert [name for name, _ in arrays] == [name for name, _ in named]
         relay = fetcher.relay
-        assert relay is not None and relay.claim  # signed
+        assert relay is not None
         other = Replica()
-        assert _fetch(ctx, server.addresses["weights"], None, other) == 1
+        assert _fetch(ctx, server.addresses["weights"], None, other, SECRET) == 1
         assert server.redirects == 1 and relay.served == 1 and server.served == 1
         assert _holds(other, named)
     finally:
@@ -44,16 +46,15 @@ def test_with_the_runs_secret_the_version_held_is_relayed(ctx: Context) -> None:
         server.close()
 
 
-def test_without_the_secret_its_relay_is_never_named(ctx: Context) -> None:
+def test_without_the_secret_it_gets_no_weights(ctx: Context) -> None:
     server = _server(ctx)
     fetcher = VersionFetcher(SETTINGS, SecuritySettings(), RELAYING)
     try:
         server.publish(1, _set(1))
-        with capture_logs() as logs:
-            assert fetcher.fetch(server.addresses["weights"])[0] == 1
-        assert any(e["event"] == "weights.relay_refused" for e in logs)
-        assert _fetch(ctx, server.addresses["weights"], None, Replica()) == 1
-        assert server.redirects == 0 and server.served == 2  # both from the trainer
+        with capture_logs() as logs, pytest.raises(WeightsError, match="unauthorized"):
+            fetcher.fetch(server.addresses["weights"])
+        assert any(e["event"] == "weights.refused_fetch" for e in logs)
+        assert server.served == 0 and server.sent_bytes == 0
     finally:
         fetcher.close()
         server.close()

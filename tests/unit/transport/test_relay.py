@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -42,10 +43,15 @@ def _server(ctx: Context, fanout: int) -> WeightServer:
     return WeightServer(ctx, LOCAL, LOCAL, SETTINGS, SecuritySettings(), weights)
 
 
-def _fetch(ctx: Context, address: str, relay: Relay | None, replica: Replica) -> int:
+def _fetch(
+    ctx: Context, address: str, relay: Any, replica: Replica, secret: bytes | None = None
+) -> int:
+    """Fetch the newest version into `replica` (as a relay's owner when `relay`), each
+    request signed with `secret` (the run's) when given."""
     weights = WeightsSettings(relay=True, relay_stall_s=1.0)
+    plain = SecuritySettings()
     return replica.fetch(
-        ctx, address, SETTINGS, SecuritySettings(), timeout_s=30, weights=weights, relay=relay
+        ctx, address, SETTINGS, plain, timeout_s=30, weights=weights, relay=relay, secret=secret
     )
 
 

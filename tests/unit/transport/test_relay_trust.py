@@ -1,20 +1,22 @@
-"""Relays under the run's secret, over real sockets: only a fetcher that signs its relay claim
-becomes a relay, and a relay serving anything but the version the trainer published is
-refused: the fetcher gets that version from the trainer's server instead."""
+"""Weights under the run's secret, over real sockets: a fetcher without the secret gets no
+byte of the weights, from the trainer's server or from a relay, and becomes no relay; a relay
+serving anything but the version the trainer published is refused: the fetcher gets that
+version from the trainer's server instead."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 from structlog.testing import capture_logs
 
 from grpo_stream.config.transport import SecuritySettings, WeightsSettings
 from grpo_stream.protocols.messages import WeightsChunk, WeightsRequest
+from grpo_stream.transport.errors import WeightsError
 from grpo_stream.transport.fetch import Replica
 from grpo_stream.transport.relay import Relay
-from grpo_stream.transport.runsecret import relay_claim
 from grpo_stream.transport.sockets import Context, Server
 from grpo_stream.transport.weights import WeightServer, build_snapshot
 
@@ -28,23 +30,41 @@ def _server(ctx: Context) -> WeightServer:
     return WeightServer(ctx, LOCAL, LOCAL, SETTINGS, SecuritySettings(), weights, secret=SECRET)
 
 
-def test_a_relay_without_the_secrets_claim_is_never_made_one(ctx: Context) -> None:
+def test_a_fetcher_without_the_secret_gets_nothing_and_relays_nothing(ctx: Context) -> None:
     server = _server(ctx)
     stranger, honest = Relay(ctx, LOCAL, SETTINGS, SecuritySettings()), None
     try:
         server.publish(1, _set(1))
-        with capture_logs() as logs:
-            assert _fetch(ctx, server.addresses["weights"], stranger, Replica()) == 1
-        assert any(e["event"] == "weights.relay_refused" for e in logs)
+        replica = Replica()
+        with capture_logs() as logs, pytest.raises(WeightsError, match="unauthorized"):
+            _fetch(ctx, server.addresses["weights"], stranger, replica)
+        assert replica.version == -1 and server.sent_bytes == 0  # not one byte
+        refused = [e for e in logs if e["event"] == "weights.refused_fetch"]
+        assert refused and refused[0]["log_level"] == "error"
         honest = Relay(ctx, LOCAL, SETTINGS, SecuritySettings(), secret=SECRET)
-        assert _fetch(ctx, server.addresses["weights"], honest, Replica()) == 1
-        assert server.redirects == 0 and stranger.served == 0  # the stranger relays nothing
-        assert _fetch(ctx, server.addresses["weights"], None, Replica()) == 1
-        assert server.redirects == 1 and honest.served == 1  # a signed claim: a relay
+        assert _fetch(ctx, server.addresses["weights"], honest, Replica(), SECRET) == 1
+        assert _fetch(ctx, server.addresses["weights"], None, Replica(), SECRET) == 1
+        assert server.redirects == 1 and honest.served == 1  # a member's relay
+        assert stranger.served == 0
     finally:
         stranger.close()
         if honest is not None:
             honest.close()
+        server.close()
+
+
+def test_a_relay_serves_no_stranger(ctx: Context) -> None:
+    server = _server(ctx)
+    relay = Relay(ctx, LOCAL, SETTINGS, SecuritySettings(), secret=SECRET)
+    try:
+        server.publish(1, _set(1))
+        assert _fetch(ctx, server.addresses["weights"], relay, Replica(), SECRET) == 1
+        replica = Replica()
+        with pytest.raises(WeightsError, match="unauthorized"):
+            _fetch(ctx, relay.address, None, replica)  # straight to the relay, unsigned
+        assert replica.version == -1 and relay.served == 0
+    finally:
+        relay.close()
         server.close()
 
 
@@ -56,14 +76,12 @@ class Forger:
     ctx: Context
     chunks: tuple[WeightsChunk, ...]
     address: str = ""
-    claim: str = ""
     served: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
         server = Server(self.ctx, LOCAL, SETTINGS, SecuritySettings(), "forger")
         self.address = server.address
-        self.claim = relay_claim(SECRET, self.address)
         threading.Thread(target=self._serve, args=(server,), daemon=True).start()
 
     def _serve(self, server: Server) -> None:
@@ -91,10 +109,10 @@ def test_a_relay_serving_other_weights_is_refused_and_the_trainers_fetched(ctx: 
     forger.start()
     try:
         server.publish(1, named)
-        assert _fetch(ctx, server.addresses["weights"], forger, Replica()) == 1  # joins the tree
+        assert _fetch(ctx, server.addresses["weights"], forger, Replica(), SECRET) == 1  # a member
         replica = Replica()
         with capture_logs() as logs:
-            assert _fetch(ctx, server.addresses["weights"], None, replica) == 1
+            assert _fetch(ctx, server.addresses["weights"], None, replica, SECRET) == 1
         assert server.redirects == 1 and forger.served == 1  # sent to the forger, which served
         refused = [e for e in logs if e["event"] == "weights.refused"]
         assert refused and "the trainer announced" in refused[0]["reason"]

@@ -10,8 +10,6 @@ from grpo_stream.transport.runsecret import (
     SECRET_ENV,
     AuthError,
     derive,
-    relay_claim,
-    relay_claim_valid,
     resolve_secret,
     write_secret,
 )
@@ -35,13 +33,4 @@ def test_a_short_secret_in_the_environment_is_one_line_naming_it() -> None:
 
 def test_each_purpose_has_its_own_key() -> None:
     secret = b"s" * 64
-    assert derive(secret, "status") != derive(secret, "relay") != derive(secret, "session")
-
-
-def test_a_relay_claim_names_its_address() -> None:
-    secret = b"s" * 64
-    claim = relay_claim(secret, "tcp://10.0.0.2:5601")
-    assert relay_claim_valid(secret, "tcp://10.0.0.2:5601", claim)
-    assert not relay_claim_valid(secret, "tcp://10.0.0.9:5601", claim)
-    assert not relay_claim_valid(b"x" * 64, "tcp://10.0.0.2:5601", claim)
-    assert not relay_claim_valid(secret, "tcp://10.0.0.2:5601", "")
+    assert derive(secret, "status") != derive(secret, "weights") != derive(secret, "session")

@@ -14,7 +14,7 @@ from grpo_stream.hub.batches import assemble, offline_stats
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.payloads.direct import DirectPayloads
 from grpo_stream.hub.payloads.store import rollout_meta
-from grpo_stream.hub.registry import Peer, Registry
+from grpo_stream.hub.registry import Peer
 from grpo_stream.hub.replay import Group, ReplayBuffer
 from grpo_stream.hub.serving import BatchDesk
 from grpo_stream.protocols import messages as m
@@ -103,19 +103,6 @@ def test_a_lost_generator_costs_its_untrained_groups_generated_again() -> None:
     assert all(hub.ledger.stage[g] == "queued" for g in gids)
     assert hub.ledger.stage[other[0]] == "to_score"  # the other generator's group stays
     hub.ledger.check_invariant()
-
-
-def test_a_restarted_generator_is_a_lost_one() -> None:
-    hub = Hub()
-    registry = Registry(heartbeat_timeout_s=10.0)
-    registry.register(peer("generator", "gen-0", pid=10), now=0.0)
-    gids = hub.returned(2)
-    hello = m.Hello(service="generator", instance="gen-0", host="h", pid=10, capacity=1)
-    hub.direct.before_session(b"gen-0", hello, registry)  # the same process: nothing lost
-    assert hub.ledger.retry == type(hub.ledger.retry)()
-    hello.pid = 11
-    hub.direct.before_session(b"gen-0", hello, registry)
-    assert sorted(hub.ledger.retry) == gids
 
 
 def _serve_one_step(hub: Hub) -> TrainBatchRef:
