@@ -40,7 +40,8 @@ def dashboard(
     """Serve a web page of a run: the service graph, queues, curves, completions, alarms.
 
     Reads RUN_DIR (and asks its hub while the run is live), or only the hub given by --hub.
-    Nothing is polled while no page is open. Beyond loopback, every request needs a token."""
+    Nothing is polled while no page is open. Every request needs the dashboard's token (the
+    address printed and written to RUN_DIR/dashboard.url carries it), on loopback too."""
     if run_dir is None and hub is None:
         fail("give a run directory, or --hub tcp://HOST:PORT")
     if run_dir is not None and not run_dir.is_dir():
@@ -86,14 +87,16 @@ def _settings(
         fail(f"{options.get(name, '--poll')} (dashboard.{name}): {first['msg']}")
 
 
-def _token(settings: DashboardSettings, run_dir: Path | None) -> str | None:
-    """The token pages must present: none on loopback (unless a token file is given)."""
+def _token(settings: DashboardSettings, run_dir: Path | None) -> str:
+    """The token pages must present, on loopback too (a local user is still a stranger):
+    dashboard.token_file, else RUN_DIR/dashboard.token (written when missing), else (a hub
+    without a run directory, on loopback) a new one, shown only in the printed address."""
     from grpo_stream.dashboard.server import is_loopback
 
     path = settings.token_file
-    if path is None and is_loopback(settings.host):
-        return None
     if path is None:
+        if run_dir is None and is_loopback(settings.host):
+            return secrets.token_urlsafe(24)
         if run_dir is None:
             fail(f"--host {settings.host} is beyond loopback: give --token-file")
         path = run_dir / TOKEN_FILE
@@ -128,7 +131,7 @@ def _serve(
     run_dir: Path | None,
     hub: str | None,
     settings: DashboardSettings,
-    token: str | None,
+    token: str,
     security: SecuritySettings | None,
     url_file: Path | None,
 ) -> None:

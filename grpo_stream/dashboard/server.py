@@ -6,10 +6,11 @@ Routes (all GET; the dashboard changes nothing):
 - `/api/state`: the whole state after a fresh poll (JSON);
 - `/api/events`: server-sent events, a `snapshot` then an `update` per poll.
 
-Access: on a loopback address the page is open to this machine, and requests naming another
-Host are refused (a web page elsewhere cannot read it through DNS rebinding). Beyond loopback
-every request needs the token: `?token=T` (the page then keeps it in a same-site cookie), the
-cookie, or `Authorization: Bearer T`. The hub's status is asked the way `grpo-stream status`
+Access: every request needs the dashboard's token, on loopback too (another user of this
+machine is a stranger, as at the hub, whose status needs its status token): `?token=T` (the
+page then keeps it in a same-site cookie), the cookie, or `Authorization: Bearer T`. On a
+loopback address requests naming another Host are refused as well (a web page elsewhere
+cannot read it through DNS rebinding). The hub's status is asked the way `grpo-stream status`
 asks it (`grpo_stream.session.status`), with the run's own security settings.
 """
 
@@ -40,6 +41,7 @@ from grpo_stream.dashboard.feed import Feed, finite
 COOKIE = "grpo_stream_dashboard"
 STATIC = Path(str(resources.files("grpo_stream.dashboard") / "static"))
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
+MIN_TOKEN_CHARS = 16
 
 
 def is_loopback(host: str) -> bool:
@@ -89,16 +91,16 @@ class TokenGate:
         return any(hmac.compare_digest(t.encode(), self.token.encode()) for t in offered if t)
 
 
-def create_app(feed: Feed, bind_host: str, token: str | None = None) -> Starlette:
-    """The app; `token` is required beyond loopback (the caller makes one)."""
-    if token is None and not is_loopback(bind_host):
-        raise ValueError(f"the dashboard on {bind_host} (beyond loopback) needs a token")
+def create_app(feed: Feed, bind_host: str, token: str) -> Starlette:
+    """The app; every request must present `token` (the caller makes one)."""
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"the dashboard on {bind_host} needs a token of {MIN_TOKEN_CHARS}+")
     js = plotly_js()
 
     async def page(request: Request) -> Response:
         response = FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
         offered = request.query_params.get("token")
-        if token is not None and offered is not None:  # the gate let it in: it is the token
+        if offered is not None:  # the gate let it in: it is the token
             response.set_cookie(COOKIE, offered, httponly=True, samesite="strict")
         return response
 
@@ -114,10 +116,8 @@ def create_app(feed: Feed, bind_host: str, token: str | None = None) -> Starlett
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return Streaming(feed.stream(), media_type="text/event-stream", headers=headers)
 
-    middleware: list[Middleware] = []
-    if token is not None:
-        middleware.append(Middleware(TokenGate, token=token))
-    else:
+    middleware = [Middleware(TokenGate, token=token)]
+    if is_loopback(bind_host):
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS))
     routes: list[Any] = [
         Route("/", page),
@@ -148,12 +148,12 @@ def bind(host: str, port: int) -> tuple[socket.socket, bool]:
     raise OSError(f"cannot bind {host}:{port}")
 
 
-def url_of(sock: socket.socket, host: str, token: str | None) -> str:
+def url_of(sock: socket.socket, host: str, token: str) -> str:
     """The address to open: the bound port; a wildcard host named by this machine's name."""
     port = sock.getsockname()[1]
     shown = socket.gethostname() if host in ("0.0.0.0", "::", "[::]") else host
     shown = f"[{shown}]" if ":" in shown and not shown.startswith("[") else shown
-    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    return f"http://{shown}:{port}/?token={token}"
 
 
 class _Server(uvicorn.Server):

@@ -92,11 +92,14 @@ def serve(tmp_path: Path) -> Iterator[Served]:
 def test_a_server_process_serves_the_state_and_streams_updates(tmp_path: Path, serve) -> None:
     run_dir = _run_dir(tmp_path)
     url = serve(str(run_dir), "--port", "0", "--poll", "0.2")
-    assert url.startswith("http://127.0.0.1:")
-    state = httpx.get(url + "api/state", timeout=10).json()
+    token = (run_dir / "dashboard.token").read_text().strip()
+    assert url.startswith("http://127.0.0.1:") and url.endswith(f"/?token={token}")
+    base, auth = url.split("?", 1)[0], {"authorization": f"Bearer {token}"}
+    assert httpx.get(base + "api/state", timeout=10).status_code == 401  # a local stranger
+    state = httpx.get(base + "api/state", headers=auth, timeout=10).json()
     assert state["run"]["phase"] == "completed" and state["files"]["metrics"][0]["step"] == 1
     events: list[tuple[str, dict]] = []
-    with httpx.stream("GET", url + "api/events", timeout=10) as response:
+    with httpx.stream("GET", base + "api/events", headers=auth, timeout=10) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         name = ""
         for line in response.iter_lines():

@@ -1,6 +1,6 @@
 """The dashboard's HTTP side through a real HTTP client (Starlette's TestClient over httpx):
-the page and its assets (plotly.js from its package), the state, the Host check on loopback
-and the token beyond it."""
+the page and its assets (plotly.js from its package), the state, the token on every request
+(loopback too: another local user is a stranger) and the Host check on loopback."""
 
 from __future__ import annotations
 
@@ -28,7 +28,23 @@ def _feed(run_dir: Path) -> Feed:
 
 @pytest.fixture
 def local(tmp_path: Path) -> TestClient:
-    return TestClient(create_app(_feed(tmp_path), "127.0.0.1"), base_url="http://127.0.0.1")
+    client = TestClient(
+        create_app(_feed(tmp_path), "127.0.0.1", TOKEN), base_url="http://127.0.0.1"
+    )
+    client.headers["authorization"] = f"Bearer {TOKEN}"
+    return client
+
+
+def test_on_loopback_too_every_request_needs_the_token(tmp_path: Path) -> None:
+    """A local user without the token is a stranger: it gets none of the run's status
+    (services, hosts, the hub's pid, counters)."""
+    client = TestClient(
+        create_app(_feed(tmp_path), "127.0.0.1", TOKEN), base_url="http://127.0.0.1"
+    )
+    for path in ("/", "/api/state", "/api/events", "/static/dashboard.js"):
+        refused = client.get(path)
+        assert refused.status_code == 401 and "hub_pid" not in refused.text, path
+    assert client.get("/api/state", params={"token": TOKEN}).status_code == 200
 
 
 def test_the_page_and_its_script_are_served(local: TestClient) -> None:
@@ -70,9 +86,10 @@ def test_beyond_loopback_every_request_needs_the_token(tmp_path: Path) -> None:
     assert client.get("/api/state").status_code == 200  # the cookie the page got
 
 
-def test_an_app_beyond_loopback_without_a_token_is_not_made(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="needs a token"):
-        create_app(_feed(tmp_path), "0.0.0.0")
+def test_an_app_with_a_short_token_is_not_made(tmp_path: Path) -> None:
+    for host in ("127.0.0.1", "0.0.0.0"):
+        with pytest.raises(ValueError, match="needs a token"):
+            create_app(_feed(tmp_path), host, "short")
 
 
 @pytest.mark.parametrize(
