@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from grpo_stream.cli import dashboard, fingerprint, keys, logs, plan, run, status, up
+from grpo_stream.cli import dashboard, fingerprint, keys, logs, plan, run, security, status, up
 from grpo_stream.cli import eval as eval_cmd
 from grpo_stream.cli import export as export_cmd
 
@@ -27,6 +27,7 @@ app.command("eval")(eval_cmd.evaluate)
 app.command("status")(status.status)
 app.command("dashboard")(dashboard.dashboard)
 app.command("export")(export_cmd.export)
+app.command("security-check")(security.security_check)
 
 
 def main() -> None:
