@@ -35,6 +35,7 @@ import zmq
 from grpo_stream.config import ConfigError, RunConfig, load_config
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.hub.auth import AuthError, load_secret, session_key, sign, status_credential
+from grpo_stream.models.loading import load_tokenizer
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import decode, encode
 from grpo_stream.session.status import HubStatus, StatusUnavailable, ask_status
@@ -331,8 +332,6 @@ def _leases(member: Member, prompts: int) -> list[tuple[m.PromptBatch, int]]:
 def impossible_rollouts(t: Target) -> list[Verdict]:
     """As a generator holding the secret: a rollout of the kind the run does not play, and
     one with NaN behaviour log-probs; each must be refused (bad_rollout)."""
-    from grpo_stream.models.loading import load_tokenizer  # transformers: only this check
-
     names = ("episode-fields", "nan-logprobs")
     if t.secret is None or t.cfg is None:
         return [Verdict(n, None, "the run has no secret or no config.toml") for n in names]
