@@ -121,9 +121,15 @@ class Intake:
         generator's episodes agree with what the environment said."""
         rollout = self.rollouts.get(msg.group_id)
         transcripts = self.transcripts
+        if transcripts is None:
+            self._refuse(peer.identity, "unexpected_kind", "this run replays no episodes", msg.KIND)
+            return
         held = self.trust.holder(peer, msg.lease_id, msg.group_id, "score")
-        if transcripts is None or rollout is None or not self.trust.admit(peer, msg.KIND, held):
-            return  # not awaited (a duplicate: the ledger counts it) or not its lease
+        if not self.trust.admit(peer, msg.KIND, held):
+            return
+        if rollout is None:  # not awaited (a duplicate, or regenerated): counted, dropped
+            self.ledger.accept_scored(msg.group_id)
+            return
         judged = transcripts.judge(rollout, msg)
         if isinstance(judged, str):  # the generator's fault, not the scorer's: no Error to it
             self._lied(msg.group_id, judged)

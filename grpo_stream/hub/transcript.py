@@ -114,6 +114,8 @@ class Transcripts:
     def read(self, rollout: m.Rollout) -> str | None:
         """Read `rollout`'s episodes and keep them for its scorer; why not, if they do not
         have an episode's shape."""
+        for gone in [gid for gid in self.read_ if gid not in self.rollouts]:
+            del self.read_[gone]  # stale, quarantined or regenerated since it was read
         offsets = np.asarray(rollout.completion_offsets).tolist()
         turn_offsets = np.asarray(rollout.turn_offsets).tolist()
         starts = np.asarray(rollout.turn_starts).tolist()
