@@ -47,6 +47,8 @@ WAIT_MS = 3000
 """How long a probe waits for each answer."""
 LEASE_WAIT_S = 60.0
 """How long the member generator waits for a lease."""
+BEAT_S = 0.5
+"""How often it beats meanwhile (a peer silent past the run's deadline is declared lost)."""
 
 
 @dataclass(frozen=True)
@@ -322,7 +324,11 @@ def _leases(member: Member, prompts: int) -> list[tuple[m.PromptBatch, int]]:
     member.client.send(m.WorkRequest(instance=member.instance, credits=prompts))
     got: list[tuple[m.PromptBatch, int]] = []
     deadline = time.monotonic() + LEASE_WAIT_S
+    next_beat = 0.0
     while len(got) < prompts and time.monotonic() < deadline:
+        if time.monotonic() >= next_beat:  # alive, as a generator waiting for work is
+            next_beat = time.monotonic() + BEAT_S
+            member.client.send(m.Heartbeat(instance=member.instance))
         msg = member.client.recv(200)
         if isinstance(msg, m.PromptBatch):
             got += [(msg, i) for i in range(len(msg.group_ids))]
@@ -335,13 +341,13 @@ def impossible_rollouts(t: Target) -> list[Verdict]:
     names = ("episode-fields", "nan-logprobs")
     if t.secret is None or t.cfg is None:
         return [Verdict(n, None, "the run has no secret or no config.toml") for n in names]
+    tok = load_tokenizer(t.cfg.model.name_or_path)  # before joining: a silent peer is lost
     member = Member(t, "generator")
     try:
         member.join()
         leased = _leases(member, 2)
         if len(leased) < 2:
             return [Verdict(n, None, f"no lease within {LEASE_WAIT_S:g} s") for n in names]
-        tok = load_tokenizer(t.cfg.model.name_or_path)
         wrong = [_rollout(tok, b, i, member.instance) for b, i in leased]
         if not t.cfg.env.enabled:
             _episode_fields(wrong[0])  # an episode run: the plain rollout is the wrong kind

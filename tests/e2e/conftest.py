@@ -116,7 +116,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         ],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,  # a CLI's start-up alone took over 30 s at load 25
         check=True,
     )
     return json.loads(out.stdout)  # type: ignore[no-any-return]

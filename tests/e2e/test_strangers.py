@@ -1,7 +1,13 @@
-"""Strangers and a compromised generator on a live `up` run (no CURVE): without the run's
-secret nothing they say is taken, not even under the identity of a peer that just died; with
-the secret, a generator still cannot get a lie trained. Each refusal is an error event, what
-the liar held is re-dispatched, and the run, stopped as a user stops it, trained none of it."""
+"""Strangers and a compromised generator on live `up` runs (no CURVE): without the run's
+secret nothing they say is taken, not even under the identity of a peer that just died or
+recorded before the hub restarted, and not one byte of the weights is theirs; with the
+secret, a generator still cannot get a lie trained (impossible numbers, episodes of its own
+making, rewards of its own). Each refusal is an error event, what the liar held is
+re-dispatched, and the run, stopped as a user stops it, trained none of it.
+
+Three runs: the default arithmetic task (most attacks), one with `hub.payloads = "direct"`
+(unsigned Hellos naming a live generator), one playing `guess` episodes (rewards a scorer
+recomputes). About 4 minutes in all on a quiet 2-core machine."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,13 +30,35 @@ from grpo_stream.hub.guard import TRUST
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import decode, encode
 
-from .conftest import Run, assert_accounting, hub_events, metrics, pid_of, status
-from .trust_peers import EXPECTED, HUB_ATTACKS, Rogue, ask_raw
+from .conftest import (
+    Run,
+    assert_accounting,
+    hub_events,
+    metrics,
+    pid_of,
+    status,
+    trainer_consumed,
+    weights_address,
+)
+from .trust_peers import (
+    EXPECTED,
+    HUB_ATTACKS,
+    Rogue,
+    ask_raw,
+    forged_turn,
+    lying_rewards,
+    nan_logprobs,
+    record_member,
+    replay,
+)
 
 # more steps than the module can see: the run stays live while every stranger asks and the
 # rogue generator plays its leases (120 steps finished before the rogue got a lease in a CI
 # run), and the last test stops it as a user would
 STEPS = 100_000
+PATIENT = ["--set", "transport.heartbeat_timeout_s=20.0"]
+"""A peer is lost after 20 s of silence, not 3: on a loaded machine the honest services (and
+the test's own peers) may not run for seconds, and a loss re-dispatches what they held."""
 FAKE_REWARD = 100.0  # what the stranger scores with: one such group lifts a step's mean past 25
 
 
@@ -46,7 +76,7 @@ def _hub(run: Run) -> str:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    run = Run(tmp_path_factory.mktemp("strangers") / "run", STEPS)
+    run = Run(tmp_path_factory.mktemp("strangers") / "run", STEPS, *PATIENT)
     try:
         run.wait_steps(1)
         yield run
@@ -157,6 +187,75 @@ def test_a_generator_with_the_secret_gets_none_of_its_lies_trained(live: Run) ->
 
 
 @pytest.mark.slow
+def test_nan_log_probs_are_refused_and_their_sender_quarantined(live: Run) -> None:
+    rogue = Rogue(live.run_dir, [("nan_logprobs", nan_logprobs)], instance="nan-gen")
+    try:
+        rogue.join()
+        rogue.play(rollouts=3)
+        assert [err.code for _, err in rogue.replies[:3]] == ["bad_rollout"] * 3, rogue.replies
+        later = rogue.offered(5.0)  # quarantined: no more work
+    finally:
+        rogue.close()
+    assert not any(isinstance(msg, m.PromptBatch) for msg in later), later
+    events = hub_events(live.run_dir, "generator.quarantined")
+    quarantined = [e for e in events if e["instance"] == "nan-gen"]
+    assert len(quarantined) == 1 and quarantined[0]["bad_rollouts"] == 3
+
+
+@pytest.mark.slow
+def test_a_stranger_gets_no_byte_of_the_weights(live: Run) -> None:
+    address = weights_address(live.run_dir)
+    forged = m.WeightsRequest(version=-1, auth="v2:1:00:" + "0" * 64)
+    replies = ask_raw(address, [m.WeightsRequest(version=-1), forged])
+    assert all(isinstance(r, m.Error) and r.code == "unauthorized" for r in replies), replies
+    refused = []
+    for path in (live.run_dir / "logs").glob("trainer-*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        refused += [e for e in rows if e.get("event") == "weights.refused_fetch"]
+    assert refused and refused[0]["level"] == "error"
+
+
+@pytest.mark.slow
+def test_the_security_check_finds_every_attack_held(live: Run) -> None:
+    """`grpo-stream security-check RUN_DIR` against the live run: every attack HELD (the
+    dashboard's too: `up` serves one), none BROKEN, exit 0."""
+    argv = [sys.executable, "-m", "grpo_stream.cli.main", "security-check", str(live.run_dir)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    held = [line.split()[1].rstrip(":") for line in lines if line.startswith("HELD")]
+    assert {
+        "hello-without-secret",
+        "weights-without-proof",
+        "hello-recorded-before-a-restart",
+        "episode-fields",
+        "nan-logprobs",
+        "hellos-naming-a-generator",
+    } <= set(held), lines
+    assert not any(line.startswith("BROKEN") for line in lines)
+
+
+@pytest.mark.slow
+def test_a_session_recorded_before_a_hub_restart_is_refused_after_it(live: Run) -> None:
+    """The attack that got a stranger welcomed as a scorer after the hub restarted: it
+    replayed a recorded Hello and its sealed messages; now the Hello answers the old hub's
+    challenge and gets the new one, and nothing sealed under the old session counts."""
+    recorded = record_member(_hub(live), load_secret(live.run_dir / "secret"))
+    identity = f"rec-scorer.{os.getpid()}"  # as the stranger read it off the wire
+    resumed = len(hub_events(live.run_dir, "hub.resumed"))
+    os.kill(int(status(live.run_dir)["counters"]["hub_pid"]), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while len(hub_events(live.run_dir, "hub.resumed")) == resumed:
+        assert time.monotonic() < deadline, "the hub was not restarted"
+        time.sleep(0.5)
+    hello, *sealed = replay(_hub(live), recorded, identity)
+    assert isinstance(hello, m.Challenge), hello
+    assert all(isinstance(r, m.Error) and r.code == "unregistered" for r in sealed), sealed
+    assert "rec-scorer" not in {s["instance"] for s in status(live.run_dir)["services"]}
+    live.wait_steps(len(metrics(live.run_dir)) + 1)  # the run goes on
+
+
+@pytest.mark.slow
 def test_the_run_stops_cleanly_and_none_of_it_was_trained(live: Run) -> None:
     assert live.proc.poll() is None, "the run ended before the strangers were done"
     live.proc.terminate()  # SIGTERM, as a user stops it: resumable, exit 130
@@ -165,10 +264,77 @@ def test_the_run_stops_cleanly_and_none_of_it_was_trained(live: Run) -> None:
     assert outcome["ended"] == "interrupted", outcome
     refused = hub_events(live.run_dir, "hub.refused")
     codes = {e["code"] for e in refused}
-    assert {"bad_hello", "bad_seal", "bad_status_request", "bad_content", "bad_lease"} <= codes
+    trust = {"bad_hello", "bad_seal", "bad_status_request", "bad_content", "bad_lease"}
+    assert trust | {"bad_rollout"} <= codes
     assert all(e["level"] == "error" for e in refused if e["code"] in TRUST)
     assert max(r["reward_mean"] for r in metrics(live.run_dir)) < 10.0  # no FAKE_REWARD
     joined = [e["joined"] for e in hub_events(live.run_dir, "peer.joined")
               if e["instance"] == "scorer-0"]  # fmt: skip
     assert max(joined) >= 2  # the real scorer came back under a new identity
     assert_accounting(live.run_dir, len(metrics(live.run_dir)))
+
+
+@pytest.fixture(scope="module")
+def live_direct(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    direct = ["--set", 'hub.payloads="direct"']
+    run = Run(tmp_path_factory.mktemp("direct") / "run", STEPS, *PATIENT, *direct)
+    try:
+        run.wait_steps(2)
+        yield run
+    finally:
+        run.kill()
+
+
+@pytest.mark.slow
+def test_unsigned_hellos_naming_a_live_generator_cost_it_nothing(live_direct: Run) -> None:
+    """The attack that made a direct-payloads hub drop a live generator's payloads 39 times
+    (582 groups generated again): Hellos naming it as restarted, without the secret."""
+    joined = len(hub_events(live_direct.run_dir, "peer.joined"))
+    pid = pid_of(live_direct.run_dir, "generator-0")
+    hellos: list[m.Message] = []
+    for k in range(40):
+        hello = m.Hello("generator", "generator-0", "h", pid=pid + 1 + k, capacity=4)
+        hello.auth = "" if k % 2 else "v2:1:00:" + "0" * 32 + ":" + "0" * 64
+        hellos.append(hello)
+    replies = ask_raw(_hub(live_direct), hellos, wait_ms=1000)
+    assert all(isinstance(r, m.Error | m.Challenge) for r in replies), replies
+    time.sleep(1.0)
+    assert hub_events(live_direct.run_dir, "payloads.holder_lost") == []
+    assert len(hub_events(live_direct.run_dir, "peer.joined")) == joined
+    assert pid_of(live_direct.run_dir, "generator-0") == pid
+
+
+@pytest.fixture(scope="module")
+def live_episodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    run = Run(tmp_path_factory.mktemp("episodes") / "run", STEPS, *PATIENT, "--task", "guess")
+    try:
+        run.wait_steps(1)
+        yield run
+    finally:
+        run.kill()
+
+
+@pytest.mark.slow
+def test_episode_rewards_are_a_scorers_not_the_generators(live_episodes: Run) -> None:
+    """Honest guess episodes claiming a reward of 100, and episodes whose environment turns
+    were forged: the first are trained with what the environment gives (at most 1.4), the
+    second never (an error event names their generator)."""
+    attacks = [("lying_rewards", lying_rewards), ("forged_turn", forged_turn)]
+    rogue = Rogue(live_episodes.run_dir, attacks, instance="episode-gen")
+    try:
+        rogue.join()
+        rogue.play(rollouts=4, replies=False)
+    finally:
+        rogue.close()
+    assert rogue.replies == [] and len(rogue.sent) == 4  # nothing refused on arrival
+    deadline = time.monotonic() + 120
+    while len(hub_events(live_episodes.run_dir, "episode.refused")) < 2:
+        assert time.monotonic() < deadline, "the forged episodes were not refused"
+        time.sleep(0.5)
+    refused = hub_events(live_episodes.run_dir, "episode.refused")
+    assert {e["generator"] for e in refused} == {"episode-gen"}
+    assert all(e["level"] == "error" for e in refused)
+    steps = len(metrics(live_episodes.run_dir))
+    live_episodes.wait_steps(steps + 4)
+    trained = trainer_consumed(live_episodes.run_dir)
+    assert trained and max(r["reward_mean"] for r in metrics(live_episodes.run_dir)) <= 1.4
