@@ -140,8 +140,9 @@ def test_a_page_open_when_the_server_stops_gets_the_runs_end_then_its_stream_end
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "kl": 0.5}) + "\n")
     url = serve(str(run_dir), "--port", "0", "--poll", "60")  # no poll but the last one
+    base, token = url.split("?token=", 1)
     phases: list[str] = []
-    with httpx.stream("GET", url + "api/events", timeout=20) as response:
+    with httpx.stream("GET", base + "api/events", params={"token": token}, timeout=20) as response:
         for line in response.iter_lines():  # ends when the server ends the stream
             if not line.startswith("data: "):
                 continue
