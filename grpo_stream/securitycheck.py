@@ -24,7 +24,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,7 @@ class Target:
             return None
 
 
-def ask(address: str, msgs: list[m.Message], identity: str = "") -> list[m.Message | None]:
+def ask(address: str, msgs: Sequence[m.Message], identity: str = "") -> list[m.Message | None]:
     """Each message from one plain stranger socket; the answer to each (None: none)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
