@@ -18,6 +18,7 @@ import pytest
 
 from grpo_stream.config import load_config
 from grpo_stream.hub.auth import load_secret, session_key, sign, write_secret
+from grpo_stream.hub.ledger_state import ledger_state
 from grpo_stream.hub.payloads.store import rollout_meta
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import encode
@@ -159,7 +160,7 @@ def state(hub: Grouper) -> dict[str, Any]:
     """Everything a message could change at the hub."""
     peers = {i: (p.identity, p.pid, p.credits, p.service) for i, p in hub.registry.peers.items()}
     seen = {
-        "ledger": hub.ledger.state(),
+        "ledger": ledger_state(hub.ledger),
         "leases": hub.ledger.leases.held_by(),
         "peers": peers,
         "features": dict(hub.shares.features),
