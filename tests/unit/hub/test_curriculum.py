@@ -14,15 +14,18 @@ import pytest
 
 from grpo_stream.config import load_config
 from grpo_stream.config.curriculum import CurriculumSettings
+from grpo_stream.envs.local import LocalEnvs
+from grpo_stream.envs.registry import env_factory
+from grpo_stream.envs.replay import replay
 from grpo_stream.hub.curriculum import Curriculum, expected_signal, problem_key
 from grpo_stream.hub.ledger import Ledger
-from grpo_stream.hub.registry import Peer
+from grpo_stream.protocols.episodes import EpisodeScoreRequest
 from grpo_stream.services.grouper import Grouper
 from grpo_stream.tasks import Task, TaskSettings, make_task
 from grpo_stream.transport.sockets import close_context
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_episodes import episode_rollout
+from test_transcript import HUB_SETS, episode_group
 
 G = 4
 LEVELS = ("easy", "medium", "hard")
@@ -181,26 +184,20 @@ def test_a_restarted_hub_keeps_its_pass_rates(tmp_path: Path) -> None:
 
 
 def test_the_hub_learns_a_pass_rate_from_each_scored_group(tmp_path: Path) -> None:
-    """Through the hub's intake: a guess episode group (scored by its environment) with one
-    of its two episodes at reward >= 1 gives its prompt a pass rate of 1/2."""
-    sets = [
-        f'run.run_dir="{tmp_path}"',
-        'task.name="guess"',
-        'env.name="guess"',
-        "generator.group_size=2",
-        "hub.groups_per_step=1",
-        "hub.curriculum.enabled=true",
-    ]
+    """Through the hub's intake: a guess episode group, rewarded by a scorer's replay, with
+    one of its two episodes at reward >= 1 gives its prompt a pass rate of 1/2."""
+    sets = [f'run.run_dir="{tmp_path}"', *HUB_SETS, "hub.curriculum.enabled=true"]
     hub = Grouper(load_config(None, sets))
     try:
-        peer = hub.registry.register(Peer("generator", "generator-0", b"gen", "h", 1, 0, {}), 0.0)
-        taken = hub.ledger.take_for_generation("generator-0", 1, 0.0)
-        assert taken is not None
-        gid = next(iter(taken[0].group_ids))
-        hub.intake.on_rollout(peer, episode_rollout(gid, taken[0].lease_id, [1.1, 0.1]))
+        gen, scorer, rollout, sent = episode_group(hub)
+        hub.intake.on_rollout(gen, rollout)
+        hub._dispatch(0.0)
+        (request,) = [s for s in sent if isinstance(s, EpisodeScoreRequest)]
+        hub.intake.on_episode_scored(scorer, replay(LocalEnvs(env_factory(hub.cfg.env)), request))
         source = hub.ledger.source
         assert isinstance(source, Curriculum)
-        assert source.pass_rate(problem_key(hub.task.problem(gid))) == pytest.approx(0.5)
+        key = problem_key(hub.task.problem(rollout.group_id))
+        assert source.pass_rate(key) == pytest.approx(0.5)
     finally:
         hub.server.close()
         close_context(hub.ctx)

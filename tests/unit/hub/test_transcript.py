@@ -169,26 +169,29 @@ def test_a_turn_cut_at_the_episode_budget_is_not_shown_to_the_environment() -> N
     assert got.turn_rewards[-1] == 0.0 and len(got.turn_rewards) == turns
 
 
+HUB_SETS = [
+    'task.name="guess"',
+    'env.name="guess"',
+    f'model.name_or_path="{MODEL}"',
+    "generator.group_size=2",
+    "hub.groups_per_step=1",
+    "env.max_turns=4",
+    "env.max_episode_tokens=64",
+    "env.guess_turns=4",
+    "generator.max_tokens=4",
+]
+"""A guess run of the tiny model, one group a step of two episodes (a hub built in process)."""
+
+
 @pytest.fixture
 def hub(tmp_path: Path) -> Any:
-    sets = [
-        'task.name="guess"',
-        'env.name="guess"',
-        f'model.name_or_path="{MODEL}"',
-        "generator.group_size=2",
-        "hub.groups_per_step=1",
-        "env.max_turns=4",
-        "env.max_episode_tokens=64",
-        "env.guess_turns=4",
-        "generator.max_tokens=4",
-    ]
-    grouper = Grouper(load_config(None, [f'run.run_dir="{tmp_path}"', *sets]))
+    grouper = Grouper(load_config(None, [f'run.run_dir="{tmp_path}"', *HUB_SETS]))
     yield grouper
     grouper.server.close()
     close_context(grouper.ctx)
 
 
-def _episode_group(hub: Grouper) -> tuple[Peer, Peer, m.Rollout, list[m.Message]]:
+def episode_group(hub: Grouper) -> tuple[Peer, Peer, m.Rollout, list[m.Message]]:
     """A generator's episode group at to_score, its claimed rewards swapped; a scorer with a
     credit; what the hub sends (recorded)."""
     sent: list[m.Message] = []
@@ -207,7 +210,7 @@ def _episode_group(hub: Grouper) -> tuple[Peer, Peer, m.Rollout, list[m.Message]
 
 
 def test_an_episode_group_waits_for_a_scorers_replay_and_trains_its_rewards(hub: Any) -> None:
-    gen, scorer, rollout, sent = _episode_group(hub)
+    gen, scorer, rollout, sent = episode_group(hub)
     hub.intake.on_rollout(gen, rollout)
     assert hub.ledger.stage[rollout.group_id] == "to_score" and not len(hub.buffer)
     hub._dispatch(0.0)
@@ -221,7 +224,7 @@ def test_an_episode_group_waits_for_a_scorers_replay_and_trains_its_rewards(hub:
 def test_a_forged_episode_is_generated_again_and_counted_against_its_generator(
     hub: Any,
 ) -> None:
-    gen, scorer, rollout, sent = _episode_group(hub)
+    gen, scorer, rollout, sent = episode_group(hub)
     lo, hi = _env_turn(rollout, 1, 0)
     ids = np.array(rollout.completion_ids)
     ids[lo:hi] = TOK("x" * (hi - lo), add_special_tokens=False)["input_ids"]
