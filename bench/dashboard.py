@@ -99,7 +99,7 @@ class Watch:
             return
         url = url_file.read_text().strip()
         try:
-            with httpx.stream("GET", url + "api/events", timeout=None) as response:
+            with httpx.stream("GET", _events_url(url), timeout=None) as response:
                 for line in response.iter_lines():
                     self.events += line.startswith("event: ")
                     if self._stop.is_set():
@@ -148,6 +148,12 @@ def run_modes(args: argparse.Namespace, tmp: Path) -> dict[str, list[dict[str, A
     return results
 
 
+def _events_url(page: str) -> str:
+    """The event stream's address beside `page`, the address the dashboard wrote (which
+    carries its token as `?token=...`: every request needs it, on loopback too)."""
+    return str(httpx.URL(page).join("api/events").copy_merge_params(httpx.URL(page).params))
+
+
 def smoke(seconds: float = 2.0) -> dict[str, float]:
     """The dashboard process on a made-up finished run: CPU s/s idle, then with a page."""
     with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as tmp:
@@ -167,7 +173,7 @@ def smoke(seconds: float = 2.0) -> dict[str, float]:
             startup = _cpu(proc)
             idle = _cpu_per_s(proc, seconds)
             events = 0
-            with httpx.stream("GET", url + "api/events", timeout=10) as response:
+            with httpx.stream("GET", _events_url(url), timeout=10) as response:
                 start = _cpu(proc)
                 t0 = time.monotonic()
                 for line in response.iter_lines():

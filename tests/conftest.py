@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,16 @@ def _fresh_structlog() -> Iterator[None]:
     yield
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
+
+
+@pytest.fixture(autouse=True)
+def _own_sys_path() -> Iterator[None]:
+    """Loading user code in process (`usercode.import_object`, as pre-flight does) puts the
+    working directory on `sys.path` for the process's life; a test that chdirs to a temporary
+    folder must not leave it there for later tests to import its `my_rewards.py` from."""
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
 
 
 @pytest.fixture
