@@ -210,12 +210,20 @@ def test_the_version_held_is_relayed_to_the_next_fetcher(
     server.publish(target, new.named_parameters(remove_duplicate=False))
     assert vllm_engine.update_from_server(server.addresses["weights"], -1) == target
     ctx: zmq.Context[Any] = zmq.Context()
-    relay = Relay(ctx, LOCAL, TransportSettings(), SecuritySettings())
+    # a run with a secret: the relay serves, and the fetcher asks, with the run's (#49)
+    relay = Relay(ctx, LOCAL, TransportSettings(), SecuritySettings(), secret=SECRET)
     try:
         other = Replica()
         weights = WeightsSettings(relay=True, relay_stall_s=2.0)
-        got = other.fetch(ctx, server.addresses["weights"], TransportSettings(),
-                          SecuritySettings(), weights=weights, relay=relay)  # fmt: skip
+        got = other.fetch(
+            ctx,
+            server.addresses["weights"],
+            TransportSettings(),
+            SecuritySettings(),
+            weights=weights,
+            relay=relay,
+            secret=SECRET,
+        )
     finally:
         relay.close()
         ctx.destroy(linger=0)
