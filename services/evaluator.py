@@ -69,7 +69,9 @@ def serve_evaluator(link: Session) -> int:
         return 0
     follow = Announcements(link)
     follow.poll()  # subscribe before the first evaluation: a fast trainer announces meanwhile
-    engine = HFEngine.from_settings(cfg.model, cfg.transport, link.security, cfg.eval.device)
+    engine = HFEngine.from_settings(  # its fetches carry the run's secret: weights go to members
+        cfg.model, cfg.transport, link.security, cfg.eval.device, secret=link.secret
+    )
     online = OnlineEval.build(cfg, engine.tokenizer)
     agents = None
     if cfg.env.agent is not None:  # an agent run is evaluated through the agent's endpoint

@@ -1,5 +1,6 @@
 """Weights only to members of the run: every WeightsRequest carries proof of the run's
-secret, and under CURVE with per-role keys comes from a generator's key; the trainer's weight
+secret, and under CURVE with per-role keys comes from a generator's or the evaluator's key (only
+a generator's may make itself a relay); the trainer's weight
 server and every relay refuse any other (`FetchGuard`), answer it with Error(code
 "unauthorized") and log it (`weights.refused_fetch`, an error event, rate-limited).
 
@@ -38,8 +39,11 @@ from grpo_stream.transport.sockets import Server
 log = structlog.get_logger()
 
 TAG = "v2"
-FETCHERS = frozenset({"generator"})
-"""The CURVE roles that fetch weights (under per-role keys)."""
+FETCHERS = frozenset({"generator", "evaluator"})
+"""The CURVE roles that fetch weights (under per-role keys): the generators sample with them,
+the evaluator evaluates each version it is due (it never relays)."""
+RELAYS = frozenset({"generator"})
+"""The CURVE roles whose fetch may name a relay (under per-role keys)."""
 
 
 def _mac(key: bytes, request: WeightsRequest, time_ms: int, nonce: str) -> str:
@@ -66,7 +70,7 @@ class FetchGuard:
     ) -> None:
         self._key = None if secret is None else derive(secret, WEIGHTS)
         roles = key_roles(security.keys_dir) if security.curve and security.keys_dir else {}
-        self._keys = {k for k, role in roles.items() if role in FETCHERS}
+        self._keys = {k: role for k, role in roles.items() if role in FETCHERS}
         self._per_role = any(role is not None for role in roles.values())
         self._seen = FreshNonces(max_age_s)
         self._warn = RateLimit()  # any stranger can make a refusal repeat
@@ -94,8 +98,15 @@ class FetchGuard:
         self, request: WeightsRequest, user_id: str | None, now: float | None = None
     ) -> str | None:
         """None if `request` may be served; else why not (for the refusal and the log)."""
-        if self._per_role and user_id not in self._keys:
-            return f"CURVE key {user_id} is not a generator's: it may not fetch weights"
+        if self._per_role:
+            role = self._keys.get(user_id or "")
+            if role is None:
+                return (
+                    f"CURVE key {user_id} is not a generator's or the evaluator's: it may not "
+                    "fetch weights"
+                )
+            if request.relay and role not in RELAYS:
+                return f"CURVE key {user_id} is the {role}'s: only a generator may relay weights"
         if self._key is None:
             return None
         parts = request.auth.split(":")

@@ -14,7 +14,7 @@ Invariants:
 - CURVE: the ROUTER is secured like every binding socket (`security`), and a relay bound
   beyond loopback needs CURVE or the run's secret. Like the trainer's server it serves
   members only (`transport.fetch_auth.FetchGuard`): a request without proof of the run's
-  secret (or, under per-role keys, not from a generator's key) gets Error(code
+  secret (or, under per-role keys, not from a generator's or the evaluator's key) gets Error(code
   "unauthorized") and no chunk (`weights.refused_fetch`, an error event).
 - The ROUTER lives in its own thread (`transport.server_thread`); `expect`/`offer`/`abort`
   are called from the owner's thread and only touch state under a lock.

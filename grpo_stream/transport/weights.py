@@ -24,8 +24,8 @@ Invariants:
   plus older chunk sets only while some peer is still being streamed one.
 - Weights only to members: with the run's secret, a request without a valid, fresh, unseen
   proof of it (`transport.fetch_auth`), and under CURVE with per-role keys, one from a key
-  that is not a generator's, gets Error(code "unauthorized") and not one chunk
-  (`weights.refused_fetch`, an error event, rate-limited). The proof covers the `relay`
+  that is neither a generator's nor the evaluator's, gets Error(code "unauthorized") and not
+  one chunk (`weights.refused_fetch`, an error event, rate-limited). The proof covers the `relay`
   address, so only a member becomes a relay. Every WeightsRedirect names the version's
   checksum, which the fetcher checks the relay's chunks against.
 - The ROUTER lives in a background thread that creates it; the PUB socket is used only by

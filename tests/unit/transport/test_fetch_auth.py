@@ -64,9 +64,23 @@ def _key(keys: Path, name: str) -> str:
     return public.decode()
 
 
-def test_under_per_role_keys_only_a_generator_key_fetches(tmp_path: Path) -> None:
+def test_under_per_role_keys_only_a_generator_or_the_evaluator_key_fetches(
+    tmp_path: Path,
+) -> None:
     init_keys(tmp_path / "keys")
     guard = FetchGuard(None, SecuritySettings(curve=True, keys_dir=tmp_path / "keys"))
-    assert guard.check(request(), _key(tmp_path / "keys", "generator")) is None
-    for other in ("scorer", "trainer", "client"):
-        assert "not a generator's" in (guard.check(request(), _key(tmp_path / "keys", other)) or "")
+    plain = WeightsRequest(version=-1, have=3)  # a fetch that relays to no one
+    for fetcher in ("generator", "evaluator"):
+        assert guard.check(plain, _key(tmp_path / "keys", fetcher)) is None
+    for other in ("scorer", "trainer", "teacher", "client"):
+        why = guard.check(plain, _key(tmp_path / "keys", other)) or ""
+        assert "not a generator's or the evaluator's" in why
+
+
+def test_under_per_role_keys_only_a_generator_key_becomes_a_relay(tmp_path: Path) -> None:
+    init_keys(tmp_path / "keys")
+    guard = FetchGuard(None, SecuritySettings(curve=True, keys_dir=tmp_path / "keys"))
+    relaying = request()  # names a relay
+    assert guard.check(relaying, _key(tmp_path / "keys", "generator")) is None
+    why = guard.check(relaying, _key(tmp_path / "keys", "evaluator")) or ""
+    assert "only a generator may relay weights" in why
