@@ -126,13 +126,14 @@ def test_two_trainer_hosts_end_a_step_with_the_parameters_of_one_process(
     from grpo_stream.training.state import TrainState
 
     _run_nodes(hosts, tmp_path)
-    ddp = _ddp_module()
+    ddp = _ddp_module()  # its main is trainstates.train_rank; the helpers are trainstates'
+    states = sys.modules["trainstates"]
     torch.set_num_threads(1)
     single = TrainState.create(ddp._config(tmp_path / "single"))
-    before = ddp._params(single)
-    assert single.train_step(ddp._batches()[0]).applied
-    after = ddp._params(single)
-    nodes = load_file(str(tmp_path / "ddp.safetensors"))
+    before = states.params_of(single)
+    assert single.train_step(states.step_and_shards(ddp.GROUPS, ddp.WORLD)[0]).applied
+    after = states.params_of(single)
+    nodes = load_file(str(tmp_path / "rank0.safetensors"))
     assert any(not torch.equal(before[n], after[n]) for n in after)  # the step moved weights
     for name, value in after.items():
         torch.testing.assert_close(nodes[name], value, rtol=1e-5, atol=1e-6, msg=name)

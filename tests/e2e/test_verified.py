@@ -179,9 +179,13 @@ def test_the_run_completes(live: tuple[Run, list[RelayOffer]]) -> None:
 
 def test_only_the_relay_with_the_secret_was_made_one(live: tuple[Run, list[RelayOffer]]) -> None:
     run, (signed, stranger) = live
-    refused = _events(run.run_dir, "trainer-*.jsonl", "weights.relay_refused")
+    # the stranger's unsigned offer is refused before it is read as an offer (#49: weights and
+    # relaying only for members): the one request of the run without the secret's proof
+    refused = _events(run.run_dir, "trainer-*.jsonl", "weights.refused_fetch")
     assert refused and refused[0]["level"] == "error"
-    assert {e["relay"] for e in refused} == {stranger.server.address}
+    assert {e["reason"] for e in refused} == {
+        "weights request carries no proof of the run's secret"
+    }
     assert stranger.asked == 0  # no fetcher was ever sent to the stranger
     assert signed.asked > 0  # fetchers were sent to the relay with the secret ...
 
