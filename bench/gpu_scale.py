@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cpu:
         ns.shape = "tiny"
     # sizes: the GPU run's, or the CPU rehearsal's (a minute or two on two shared cores)
-    seqs = ns.seqs or ("4096,1024" if gpu else "128,64")
+    # (the rehearsal keeps its own sizes even where the script names a GPU length: a step's
+    # micro-batch of 512 tokens must hold the longest sequence)
+    seqs = (ns.seqs or "4096,1024") if gpu else "128,64"
     ns.seqs = [int(s) for s in seqs.split(",")]
     ns.prompt = 128 if gpu else 16
     ns.step_tokens = 32768 if gpu else 1024

@@ -38,6 +38,7 @@ case "$BUNDLE" in /*) ;; *) BUNDLE="$PWD/$BUNDLE" ;; esac
 PY="${PYTHON:-python3}"
 WORK="${GPU_SCALE_WORK:-$(mktemp -d /tmp/gpu-scale.XXXXXX)}"
 BUDGET="${GPU_SCALE_BUDGET:-$([ -n "$CPU" ] && echo 900 || echo 540)}"
+STEP_SCALE="$([ -n "$CPU" ] && echo 3 || echo 1)"  # the CPU rehearsal: limits x3, budget 900 s
 # shellcheck source=bench/gpu_steps.sh
 . "$ROOT/bench/gpu_steps.sh"
 

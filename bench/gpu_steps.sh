@@ -3,7 +3,8 @@
 # WORK; `step NAME SECONDS CMD...` runs CMD (STEP=NAME and LIMIT=its seconds in its
 # environment) with its output in WORK/NAME.log, its time cut to what is left of BUDGET (the
 # summary always comes), and appends "NAME RC" to WORK/rc.txt; ONLY (",a,b,") limits the
-# steps that run.
+# steps that run; STEP_SCALE (default 1) multiplies every step's limit (a CPU rehearsal's
+# steps run on two shared cores, not on a GPU).
 SITE="$WORK/site"
 mkdir -p "$WORK"
 : >"$WORK/rc.txt"
@@ -11,7 +12,7 @@ cd "$WORK" || exit 2
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE"
 
 step() { # step NAME SECONDS CMD...: run CMD under the time limit; its rc goes to rc.txt
-  local name=$1 limit=$2
+  local name=$1 limit=$(($2 * ${STEP_SCALE:-1}))
   shift 2
   [ -z "${ONLY:-}" ] || [[ "$ONLY" == *",$name,"* ]] || return 0
   local left=$((BUDGET - SECONDS - 15))
