@@ -28,10 +28,16 @@ from grpo_stream.transport.sockets import Client, Server, Subscriber, close_cont
 from .conftest import Run, assert_accounting, hub_events
 
 pytestmark = pytest.mark.slow
-STEPS = 60
+STEPS = 150  # long enough for the late-joining noisy generator to fill its window
 SETTINGS = ["--set", "weights.relay=true", "--set", "weights.fanout=1",
             "--set", "generator.count=2", "--set", "security.verify.window=4",
-            "--set", "security.verify.max_gap=0.15"]  # fmt: skip
+            "--set", "security.verify.max_gap=0.15",
+            # every group trained, so judged: the noisy generator's groups mostly score 0 and
+            # would be filtered as zero-signal before any evidence (harmless, never trained)
+            "--set", "algo.advantage.filter_zero_signal=false",
+            # small leases: it joins after the others, and a lease a step long (hf's credits
+            # since #46) leaves it too few groups for a window
+            "--set", "generator.prompts_per_request=4"]  # fmt: skip
 NOISE = 0.2  # the noisy generator's weights: x (1 + 0.2 N(0, 1)) after every update
 LOCAL = "tcp://127.0.0.1:0"
 
