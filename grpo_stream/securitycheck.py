@@ -106,8 +106,11 @@ class Target:
             return None
 
 
-def ask(address: str, msgs: Sequence[m.Message], identity: str = "") -> list[m.Message | None]:
-    """Each message from one plain stranger socket; the answer to each (None: none)."""
+def ask(
+    address: str, msgs: Sequence[m.Message], identity: str = "", wait_ms: int = WAIT_MS
+) -> list[m.Message | None]:
+    """Each message from one plain stranger socket; the answer to each (None: none within
+    `wait_ms`)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -118,7 +121,7 @@ def ask(address: str, msgs: Sequence[m.Message], identity: str = "") -> list[m.M
     try:
         for msg in msgs:
             sock.send_multipart([bytes(f) for f in encode(msg)])
-            answers.append(decode(sock.recv_multipart()) if sock.poll(WAIT_MS) else None)
+            answers.append(decode(sock.recv_multipart()) if sock.poll(wait_ms) else None)
     finally:
         sock.close()
         ctx.term()

@@ -30,6 +30,7 @@ from grpo_stream.models.loading import load_tokenizer
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import decode, encode
 from grpo_stream.sampling import Completion
+from grpo_stream.securitycheck import ask
 from grpo_stream.tasks import make_task
 from grpo_stream.transport.seal import MAIN, Sealer
 from grpo_stream.transport.sockets import Client, close_context, handshake, make_context
@@ -39,24 +40,9 @@ BEAT_S = 0.5
 """How often a rogue generator beats (the e2e runs declare a peer lost after 3 s)."""
 
 
-def ask_raw(address: str, msgs: list[m.Message], identity: str = "", wait_ms: int = 3000
-            ) -> list[m.Message | None]:  # fmt: skip
-    """Each message on one plain stranger connection; the hub's reply to each (None: none)."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    if identity:
-        sock.setsockopt(zmq.IDENTITY, identity.encode())
-    sock.connect(address)
-    replies: list[m.Message | None] = []
-    try:
-        for msg in msgs:
-            sock.send_multipart([bytes(f) for f in encode(msg)])
-            replies.append(decode(sock.recv_multipart()) if sock.poll(wait_ms) else None)
-    finally:
-        sock.close()
-        ctx.term()
-    return replies
+ask_raw = ask
+"""Each message on one plain stranger connection; the hub's reply to each (None: none): the
+security check's own stranger socket (`grpo_stream.securitycheck.ask`)."""
 
 
 @dataclass
