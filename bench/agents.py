@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, environment, run_pipeline, save_json
+from grpo_stream.sampling import Sampling
 
 MODEL = "grpo-stream/tiny-tools"
 AGENT = "grpo_stream.agents.calc:calc_agent"
@@ -84,7 +85,7 @@ def in_process(engine: Any, pool: Any, args: argparse.Namespace, seed: int) -> d
     batch = problems(args, seed)
     run = EpisodeRun(
         prompts=[env_prompt(fmt, p.prompt) for p in batch], references=[p.reference for p in batch],
-        group_size=args.group, max_tokens=TURN_TOKENS, temperature=1.0, top_p=1.0, seed=seed,
+        group_size=args.group, sampling=Sampling(TURN_TOKENS, seed=seed),
     )  # fmt: skip
     turns = TurnFormat(engine.tokenizer, chat=True, role="tool")
     start = time.perf_counter()
@@ -94,14 +95,16 @@ def in_process(engine: Any, pool: Any, args: argparse.Namespace, seed: int) -> d
 
 def endpoint(player: Any, args: argparse.Namespace, seed: int) -> dict[str, float]:
     """One batch played by calc_agent over HTTP."""
-    from grpo_stream.agents.inbox import Sampling
     from grpo_stream.agents.player import AgentRun
     from grpo_stream.builds.tools import TURN_TOKENS
 
     batch = problems(args, seed)
-    sampling = Sampling(1.0, 1.0, TURN_TOKENS)
-    run = AgentRun(prompts=[p.prompt for p in batch], references=[p.reference for p in batch],
-                   group_size=args.group, sampling=sampling, seed=seed)  # fmt: skip
+    run = AgentRun(
+        prompts=[p.prompt for p in batch],
+        references=[p.reference for p in batch],
+        group_size=args.group,
+        sampling=Sampling(TURN_TOKENS, seed=seed),
+    )
     start = time.perf_counter()
     groups = player.play_run(run)
     return tally([e for g in groups for e in g], time.perf_counter() - start)

@@ -41,6 +41,7 @@ def time_paths(model_path: str, args: argparse.Namespace) -> dict[str, float]:
     """Median seconds of `generate` and of the every-row path on `model_path`."""
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.models.loading import load_policy, load_tokenizer
+    from grpo_stream.sampling import Sampling
 
     policy = load_policy(model_path, dtype="float32", device="cpu", trainable=False)
     engine = HFEngine(policy, load_tokenizer(model_path), "cpu")
@@ -50,10 +51,10 @@ def time_paths(model_path: str, args: argparse.Namespace) -> dict[str, float]:
     g, n = args.group_size, args.max_tokens
 
     def once() -> Any:
-        return engine.generate(prompts, g, n, temperature=1.0, seed=0)
+        return engine.generate(prompts, g, Sampling(n, seed=0))
 
     def every_row() -> Any:
-        return engine.sample_rows(rows, n, temperature=1.0, seed=0, inflight=True)
+        return engine.sample_rows(rows, Sampling(n, seed=0), inflight=True)
 
     times: dict[str, list[float]] = {"once": [], "every_row": []}
     for _ in range(3):  # warm-up

@@ -174,14 +174,15 @@ def trainer(ns: argparse.Namespace) -> dict[str, Any]:
 def generate(ns: argparse.Namespace) -> dict[str, Any]:
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.models.loading import load_policy, load_tokenizer
+    from grpo_stream.sampling import Sampling
 
     tokenizer = load_tokenizer(ns.model)
     model = load_policy(ns.model, device=ns.device, trainable=False)
     engine = HFEngine(model, tokenizer, device=ns.device)
-    engine.generate(["1+2="], group_size=8, max_tokens=8, temperature=1.0, seed=0)  # warm-up
+    engine.generate(["1+2="], group_size=8, sampling=Sampling(max_tokens=8, seed=0))  # warm-up
     prompts = ["3+4=", "5+6="] * ns.prompts
     t0 = time.perf_counter()
-    groups = engine.generate(prompts, group_size=8, max_tokens=ns.new_tokens, temperature=1.0)
+    groups = engine.generate(prompts, group_size=8, sampling=Sampling(max_tokens=ns.new_tokens))
     seconds = time.perf_counter() - t0
     completions = sum(len(g.completions) for g in groups)
     tokens = sum(len(c.token_ids) for g in groups for c in g.completions)

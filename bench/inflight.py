@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import TINY_MODEL, add_smoke, environment, parse, results_path, save_json
+from grpo_stream.sampling import Sampling
 
 MODES = ("between", "inflight", "inflight-keep")
 PROMPTS = ["12+34=", "7+8=", "100-1=", "9+9="]
@@ -169,7 +170,7 @@ def run_mode(mode: str, engine: Any, sets: list[Any], args: Any) -> Tally:
         elif mode != "between":
             take()
         t0, version = time.perf_counter(), engine.version
-        groups = engine.generate(PROMPTS, args.group_size, args.max_tokens, 1.0, seed=batch)
+        groups = engine.generate(PROMPTS, args.group_size, Sampling(args.max_tokens, seed=batch))
         tally.gen_s += time.perf_counter() - t0
         batch += 1
         for g in groups:

@@ -219,6 +219,7 @@ def _publish_apply(
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.engines.lora import HFAdapter
     from grpo_stream.models.loading import load_policy, load_tokenizer
+    from grpo_stream.sampling import Sampling
     from grpo_stream.transport.weights import WeightServer
 
     engine = HFEngine(load_policy(model, dtype="float32", trainable=False), load_tokenizer(model))
@@ -236,9 +237,9 @@ def _publish_apply(
             engine.update_from_server(server.addresses["weights"], -1)
             seconds.append(time.perf_counter() - t0)
             size = snapshot.total_bytes
-        engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=1)  # warm-up
+        engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=1))  # warm-up
         t0 = time.perf_counter()
-        groups = engine.generate(PROMPTS, group_size=8, max_tokens=16, temperature=1.0, seed=0)
+        groups = engine.generate(PROMPTS, group_size=8, sampling=Sampling(max_tokens=16, seed=0))
         gen_s = time.perf_counter() - t0
     finally:
         server.close()

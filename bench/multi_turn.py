@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, add_smoke, environment, parse, save_json
+from grpo_stream.sampling import Sampling
 
 MODEL = "grpo-stream/tiny-guess"
 PROMPT = "guess 1-16:"
@@ -79,10 +80,7 @@ def episodes_once(engine: Any, pool: Any, args: argparse.Namespace, seed: int) -
         prompts=[p.prompt for p in problems],
         references=[p.reference for p in problems],
         group_size=args.group,
-        max_tokens=3,
-        temperature=1.0,
-        top_p=1.0,
-        seed=seed,
+        sampling=Sampling(3, seed=seed),
         key_base=seed * args.prompts * args.group,
     )
     settings = EnvSettings(name="guess", max_turns=args.turns, max_episode_tokens=64)
@@ -114,9 +112,9 @@ def single_once(
     while sampled < tokens:
         sample = engine.open_turns().complete if shared else None
         if sample is not None:
-            out = sample(list(range(rows)), [list(ids)] * rows, 3, 1.0, seed=seed * 1000 + k)
+            out = sample(list(range(rows)), [list(ids)] * rows, Sampling(3, seed=seed * 1000 + k))
         else:
-            out = engine.complete([list(ids)] * rows, 3, 1.0, seed=seed * 1000 + k)
+            out = engine.complete([list(ids)] * rows, Sampling(3, seed=seed * 1000 + k))
         sampled += sum(len(c.token_ids) for c in out)
         k += 1
     return sampled, time.perf_counter() - t0
@@ -130,7 +128,9 @@ def generate_once(
     prefilled once, its cache repeated for the group's rows)."""
     sampled, t0, k = 0, time.perf_counter(), 0
     while sampled < tokens:
-        out = engine.generate([PROMPT] * args.prompts, args.group, 3, 1.0, seed=seed * 1000 + k)
+        out = engine.generate(
+            [PROMPT] * args.prompts, args.group, Sampling(3, seed=seed * 1000 + k)
+        )
         sampled += sum(len(c.token_ids) for g in out for c in g.completions)
         k += 1
     return sampled, time.perf_counter() - t0

@@ -47,6 +47,7 @@ import numpy as np
 
 from bench.common import add_smoke, parse, results_path, save_json
 from bench.off_policy_table import MODES, merged, summarise
+from grpo_stream.sampling import Sampling
 
 EVAL_OFFSET = 1_000_000
 SERIES = (
@@ -188,7 +189,7 @@ class Sim:
         a = self.args
         indices = [EVAL_OFFSET + i for i in range(a.eval_prompts)]
         prompts = [self.task.problem(i).prompt for i in indices]
-        groups = engine.generate(prompts, a.eval_group, a.max_tokens, 1.0, seed=7)
+        groups = engine.generate(prompts, a.eval_group, Sampling(a.max_tokens, seed=7))
         scores = [
             self.reward(c.text, i)
             for i, g in zip(indices, groups, strict=True)
@@ -211,7 +212,8 @@ def _groups(
     a = sim.args
     indices = list(range(cursor, cursor + count))
     prompts = [sim.task.problem(i).prompt for i in indices]
-    samples = engine.generate(prompts, a.group_size, a.max_tokens, 1.0, seed=seed * 7919 + step)
+    sampling = Sampling(a.max_tokens, seed=seed * 7919 + step)
+    samples = engine.generate(prompts, a.group_size, sampling)
     out, total = [], 0.0
     for gid, sample in zip(indices, samples, strict=True):
         rewards = torch.tensor([sim.reward(c.text, gid) for c in sample.completions])

@@ -58,6 +58,7 @@ from bench.vllm_stream_parts import (
 from bench.vllm_stream_up import report as report_up
 from bench.vllm_stream_up import up
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
+from grpo_stream.sampling import Sampling
 
 SIDES = ("stream", "batch", "vllm-alone")
 PARTS = ("throughput", "inflight", "up")
@@ -122,7 +123,7 @@ def alone(
     """vLLM alone: every prompt in one `LLM.generate`, the same per-group seeds."""
     engine = BatchLLM(llm, tokenizer, seeds_by_prompt(prompts, 0))
     start = time.perf_counter()
-    groups = engine.generate(prompts, args.group_size, args.max_tokens, temperature=1.0)
+    groups = engine.generate(prompts, args.group_size, Sampling(args.max_tokens))
     seconds = time.perf_counter() - start
     tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
@@ -214,10 +215,10 @@ def warm_up(engine: Any, llm: Any, args: argparse.Namespace) -> None:
     """One call on each engine before anything is timed (vLLM's first batch after start-up
     takes seconds)."""
     prompts = workload(4)
-    engine.generate(prompts, args.group_size, args.max_tokens, temperature=1.0, seed=1)
+    engine.generate(prompts, args.group_size, Sampling(args.max_tokens, seed=1))
     if llm is not None:
         BatchLLM(llm, engine.tokenizer, seeds_by_prompt(prompts, 1)).generate(
-            prompts, args.group_size, args.max_tokens, temperature=1.0
+            prompts, args.group_size, Sampling(args.max_tokens)
         )
 
 

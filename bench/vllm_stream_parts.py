@@ -35,7 +35,7 @@ from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines.streaming import group_seed
 from grpo_stream.hub.dispatch import lease_base
 from grpo_stream.protocols import messages as m
-from grpo_stream.sampling import Completion, GroupSample
+from grpo_stream.sampling import Completion, GroupSample, Sampling
 from grpo_stream.transport.sockets import Server, close_context, make_context
 
 EOS_SCALE = 1.75
@@ -168,15 +168,16 @@ class BatchLLM:
     def version(self) -> int:
         return 0
 
-    def generate(self, prompts: list[str], group_size: int, max_tokens: int,
-                 temperature: float, top_p: float = 1.0,
-                 seed: int | None = None) -> list[GroupSample]:  # fmt: skip
+    def generate(
+        self, prompts: list[str], group_size: int, sampling: Sampling
+    ) -> list[GroupSample]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         rows = self.tokenizer(prompts)["input_ids"]
-        params = [SamplingParams(n=group_size, max_tokens=max_tokens, temperature=temperature,
-                                 top_p=top_p, logprobs=0, detokenize=False,
+        params = [SamplingParams(n=group_size, max_tokens=sampling.max_tokens,
+                                 temperature=sampling.temperature, top_p=sampling.top_p,
+                                 logprobs=0, detokenize=False,
                                  seed=self.seeds_by_prompt[p]) for p in prompts]  # fmt: skip
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params,
                                  use_tqdm=False)  # fmt: skip

@@ -31,7 +31,7 @@ from grpo_stream.envs.service import Player, episode_rollout
 from grpo_stream.hub.payloads.store import PayloadOutbox, Sender
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.sampling import GroupSample
+from grpo_stream.sampling import GroupSample, Sampling
 from grpo_stream.services.credits import credit_window
 from grpo_stream.services.generator_stream import Hooks, StreamLoop
 from grpo_stream.services.rollouts import empty_rollout, group_rollout
@@ -297,14 +297,7 @@ class Generator:
             self._play(batch)
             return
         t0 = time.perf_counter()
-        samples = self.engine.generate(
-            list(batch.prompts),
-            batch.group_size,
-            batch.sampling.max_tokens,
-            batch.sampling.temperature,
-            batch.sampling.top_p,
-            seed=self.cfg.run.seed * 1_000_003 + int(batch.lease_id),
-        )
+        samples = self.engine.generate(list(batch.prompts), batch.group_size, self._sampling(batch))
         seconds = time.perf_counter() - t0
         if self.throttle > 1:  # test hook: behave like a slower device
             time.sleep((self.throttle - 1) * seconds)
@@ -320,8 +313,7 @@ class Generator:
         if player is None:
             raise RuntimeError("episodes need an EpisodePlayer (env.name set)")
         t0 = time.perf_counter()
-        seed = self.cfg.run.seed * 1_000_003 + int(batch.lease_id)
-        groups = player.play(batch, seed)
+        groups = player.play(batch, self._sampling(batch))
         seconds = time.perf_counter() - t0
         tokens = 0
         for gid, eps in zip(batch.group_ids, groups, strict=True):
@@ -332,6 +324,10 @@ class Generator:
             self.link.send(rollout)
         self.link.stats.update(player.stats())
         self._account(len(groups), tokens, seconds)
+
+    def _sampling(self, batch: m.PromptBatch) -> Sampling:
+        """The batch's sampling, seeded by the run's seed and the lease."""
+        return Sampling.of(batch.sampling, self.cfg.run.seed).child(int(batch.lease_id))
 
     def _account(self, prompts: int, tokens: int, seconds: float, batches: int = 1) -> None:
         self.batches += batches

@@ -33,7 +33,7 @@ import structlog
 
 from grpo_stream.engines.streaming import StreamingEngine, group_seed
 from grpo_stream.protocols import messages as m
-from grpo_stream.sampling import GroupSample
+from grpo_stream.sampling import GroupSample, Sampling
 from grpo_stream.services.credits import CreditWindow
 from grpo_stream.session.service import Session
 
@@ -114,11 +114,8 @@ class StreamLoop:
             for i, (gid, row) in enumerate(zip(batch.group_ids, rows, strict=True)):
                 key = (self._tag, int(batch.lease_id), i)
                 self.held[key] = _Held(batch, int(gid))
-                self.engine.submit(
-                    key, row, batch.group_size, batch.sampling.max_tokens,
-                    batch.sampling.temperature, batch.sampling.top_p,
-                    seed=group_seed(self.seed, int(gid)),
-                )  # fmt: skip
+                sampling = Sampling.of(batch.sampling, group_seed(self.seed, int(gid)))
+                self.engine.submit(key, row, batch.group_size, sampling)
             started += 1
             if self._busy_since is None:
                 self._busy_since = time.perf_counter()

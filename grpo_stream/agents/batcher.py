@@ -25,7 +25,6 @@ from typing import Any
 
 from grpo_stream.agents.chat import ChatFormat, assistant_message
 from grpo_stream.agents.episode import AgentEpisode, Reply, TurnRequest
-from grpo_stream.agents.inbox import Sampling
 from grpo_stream.agents.openai_api import (
     FinishReason,
     chat_response,
@@ -35,7 +34,7 @@ from grpo_stream.agents.openai_api import (
 from grpo_stream.agents.toolcalls import ToolCall, parse_reply, unknown_tool
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import TurnEngine, open_session
-from grpo_stream.sampling import Completion
+from grpo_stream.sampling import Completion, Sampling
 
 
 class Batcher:
@@ -48,14 +47,12 @@ class Batcher:
         fmt: ChatFormat | None,
         settings: EnvSettings,
         sampling: Sampling,
-        seed: int,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.settings = settings
-        self.sampling = sampling
-        self.seed = seed
+        self.sampling = sampling  # the run's; call k is seeded by its `child(k)`
         self.session = open_session(engine)
         self.pending: list[TurnRequest] = []
         self.last_arrival = 0.0
@@ -106,14 +103,12 @@ class Batcher:
             return
         keys = [r.ep.key for r, _ in rows]
         ids_rows = [r.ep.traj.prompt_ids + r.ep.traj.token_ids for r, _ in rows]
-        n = max(limit for _, limit in rows)
-        s = self.sampling
-        seed = (self.seed * 1_000_003 + self.calls) % 2**63
+        sampling = self.sampling.child(self.calls, max_tokens=max(limit for _, limit in rows))
         self.calls += 1
         if set(keys) == talking - {r.ep.key for r in batch if r.ep.over}:
-            got = self.session.complete(keys, ids_rows, n, s.temperature, s.top_p, seed=seed)
+            got = self.session.complete(keys, ids_rows, sampling)
         else:  # an agent still busy elsewhere: keep its cache row for its next turn
-            got = self.engine.complete(ids_rows, n, s.temperature, s.top_p, seed=seed)
+            got = self.engine.complete(ids_rows, sampling)
         for (req, limit), completion in zip(rows, got, strict=True):
             self._finish(req, completion, limit)
 

@@ -12,18 +12,9 @@ import contextlib
 import socket
 import threading
 from collections import deque
-from dataclasses import dataclass
 
 from grpo_stream.agents.episode import AgentEpisode, TurnRequest
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """The run's sampling, which every request is served under."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 64
+from grpo_stream.sampling import Sampling
 
 
 class Inbox:
@@ -36,7 +27,7 @@ class Inbox:
         self._wake_recv, self._wake_send = socket.socketpair()
         self._wake_recv.setblocking(False)
         self._wake_send.setblocking(False)
-        self.sampling = Sampling()
+        self.sampling = Sampling(max_tokens=64)  # the run's, which every request is served under
 
     def fileno(self) -> int:
         """Readable when requests are waiting (for `multiprocessing.connection.wait`)."""

@@ -38,13 +38,14 @@ import structlog
 from grpo_stream.agents.batcher import Batcher
 from grpo_stream.agents.chat import ChatFormat
 from grpo_stream.agents.episode import AgentEpisode
-from grpo_stream.agents.inbox import Inbox, Sampling
+from grpo_stream.agents.inbox import Inbox
 from grpo_stream.agents.pool import AgentPool, Result
 from grpo_stream.agents.server import EndpointServer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import Episode, TurnEngine
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
+from grpo_stream.sampling import Sampling
 
 log = structlog.get_logger()
 
@@ -59,7 +60,7 @@ class AgentRun:
     references: Sequence[dict[str, Any]]
     group_size: int
     sampling: Sampling
-    seed: int
+    """The run's; its seed seeds the batch's engine calls (`Batcher`)."""
     key_base: int = 0
 
 
@@ -120,16 +121,12 @@ class AgentPlayer:
         """Counters for the generator's heartbeat."""
         return dict(self.counts)
 
-    def play(self, batch: m.PromptBatch, seed: int) -> list[list[Episode]]:
-        sampling = Sampling(
-            batch.sampling.temperature, batch.sampling.top_p, batch.sampling.max_tokens
-        )
+    def play(self, batch: m.PromptBatch, sampling: Sampling) -> list[list[Episode]]:
         run = AgentRun(
             prompts=list(batch.prompts),
             references=[dict(r) for r in batch.references],
             group_size=batch.group_size,
             sampling=sampling,
-            seed=seed,
             key_base=int(batch.lease_id) * len(batch.prompts) * batch.group_size,
         )
         return self.play_run(run)
@@ -154,7 +151,6 @@ class AgentPlayer:
             fmt=self.fmt,
             settings=self.settings,
             sampling=run.sampling,
-            seed=run.seed,
         )
         try:
             jobs = {k: (self.server.url(ep.secret), ep.task) for k, ep in eps.items()}

@@ -36,6 +36,7 @@ from grpo_stream.builds.tiny import build_model, build_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.calc import CalcEnv
 from grpo_stream.models.loading import load_policy
+from grpo_stream.sampling import Sampling
 from grpo_stream.tasks.arith import ArithTask
 
 MAX_POSITIONS = 128
@@ -121,8 +122,7 @@ def success_rate(model: Any, tokenizer: Any, seed: int, samples: int = 4) -> tup
         settings,
         problems,
         samples,
-        TURN_TOKENS,
-        seed,
+        Sampling(TURN_TOKENS, temperature=1.0, seed=seed),
     )
     calls = sum(any("<calc>" in t for t in e.texts) for e in episodes)
     return sum(e.reward for e in episodes) / len(episodes), calls / len(episodes)

@@ -28,6 +28,7 @@ from grpo_stream.builds.tiny import build_model, build_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.guess import GuessEnv
 from grpo_stream.models.loading import load_policy
+from grpo_stream.sampling import Sampling
 
 MAX_POSITIONS = 128
 HIGH = 16
@@ -79,8 +80,7 @@ def success_rate(model: Any, tokenizer: Any, seed: int, samples: int = 4) -> tup
         settings,
         problems,
         samples,
-        TURN_TOKENS,
-        seed,
+        Sampling(TURN_TOKENS, temperature=1.0, seed=seed),
     )
     wins = sum(any(r >= 1.0 for r in e.turn_rewards) for e in episodes)
     return wins / len(episodes), sum(e.reward for e in episodes) / len(episodes)

@@ -25,6 +25,7 @@ from grpo_stream.engines.hf import HFEngine
 from grpo_stream.envs.episodes import EpisodeRun, run_episodes
 from grpo_stream.envs.local import LocalEnvs
 from grpo_stream.envs.turns import TurnFormat
+from grpo_stream.sampling import Sampling
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """input_ids, attention_mask and labels (-100 where no loss), each (B, T), right-padded."""
@@ -139,21 +140,17 @@ def sampled_episodes(
     settings: Any,
     problems: list[tuple[str, dict[str, Any]]],
     samples: int,
-    max_tokens: int,
-    seed: int,
+    sampling: Sampling,
 ) -> list[Any]:
-    """Episodes of every problem `samples` times, sampled at temperature 1.0 by the hf
-    engine's turn loop against in-process environments (`env` builds one; `settings` is the
-    run's EnvSettings). The model's train/eval mode is restored."""
+    """Episodes of every problem `samples` times, each turn sampled as `sampling` says by
+    the hf engine's turn loop against in-process environments (`env` builds one; `settings`
+    is the run's EnvSettings). The model's train/eval mode is restored."""
     was_training = model.training
     run = EpisodeRun(
         prompts=[p for p, _ in problems],
         references=[r for _, r in problems],
         group_size=samples,
-        max_tokens=max_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        seed=seed,
+        sampling=sampling,
     )
     engine, fmt = HFEngine(model, tokenizer), TurnFormat(tokenizer, False)
     groups = run_episodes(engine, tokenizer, LocalEnvs(env), fmt, settings, run)

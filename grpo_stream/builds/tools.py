@@ -47,6 +47,7 @@ from grpo_stream.envs.episodes import EpisodeRun, run_episodes
 from grpo_stream.envs.local import LocalEnvs
 from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.models.loading import load_policy
+from grpo_stream.sampling import Sampling
 from grpo_stream.tasks.arith import ArithTask
 
 MAX_POSITIONS = 256
@@ -161,9 +162,10 @@ def success_rate(model: Any, tokenizer: Any, seed: int, samples: int = 4) -> dic
     problems = [calc_task(seed).problem(i) for i in range(EVAL_PROBLEMS)]
     run = EpisodeRun(
         prompts=[env_prompt(fmt, p.prompt) for p in problems],
-        references=[p.reference for p in problems], group_size=samples,
-        max_tokens=TURN_TOKENS, temperature=1.0, top_p=1.0, seed=seed,
-    )  # fmt: skip
+        references=[p.reference for p in problems],
+        group_size=samples,
+        sampling=Sampling(TURN_TOKENS, temperature=1.0, seed=seed),
+    )
     was_training = model.training
     turns = TurnFormat(tokenizer, chat=True, role="tool")
     groups = run_episodes(HFEngine(model, tokenizer), tokenizer,

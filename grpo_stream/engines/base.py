@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from grpo_stream.protocols.arrays import to_torch as array_to_torch
-from grpo_stream.sampling import GroupSample
+from grpo_stream.sampling import GroupSample, Sampling
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,15 +51,10 @@ class Engine(Protocol):
         ...
 
     def generate(
-        self,
-        prompts: list[str],
-        group_size: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        self, prompts: list[str], group_size: int, sampling: Sampling
     ) -> list[GroupSample]:
-        """Sample `group_size` completions per prompt; deterministic for a given `seed`."""
+        """Sample `group_size` completions per prompt; deterministic for a given
+        `sampling.seed`."""
         ...
 
     def load_weights(

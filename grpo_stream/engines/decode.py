@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from grpo_stream.sampling import Sampling
+
 if TYPE_CHECKING:
     import torch
 
@@ -33,7 +35,7 @@ Step = tuple["torch.Tensor", dict[str, Any], "torch.Tensor"]
 
 @dataclass
 class Decoded:
-    """What one decode loop sampled: (B, N) tokens and log-probs, N <= max_tokens."""
+    """What one decode loop sampled: (B, N) tokens and log-probs, N <= Sampling.max_tokens."""
 
     tokens: torch.Tensor
     logprobs: torch.Tensor
@@ -55,18 +57,16 @@ class Decoder:
         self,
         input_ids: torch.Tensor,
         mask: torch.Tensor,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        generator: torch.Generator | None,
+        sampling: Sampling,
         version: Callable[[], int],
         between_steps: Callable[[], None] | None = None,
         keep_kv: bool = False,
         repeats: int = 1,
     ) -> Decoded:
-        """Sample up to `max_tokens` steps from left-padded `input_ids` (P, T) under `mask`,
-        `repeats` samples of each row (B = P * repeats output rows, a row's samples adjacent).
-        `version()` is the version the model holds now; `between_steps` may change it."""
+        """Sample up to `sampling.max_tokens` steps from left-padded `input_ids` (P, T) under
+        `mask`, `repeats` samples of each row (B = P * repeats output rows, a row's samples
+        adjacent). `version()` is the version the model holds now; `between_steps` may change
+        it."""
 
         out, cache, next_pos = self._prefill(input_ids, mask)
         logits = out.logits[:, -1, :]  # (P, V)
@@ -81,9 +81,7 @@ class Decoder:
             if between_steps is None
             else self._swap(input_ids, version, between_steps, keep_kv)
         )
-        got, _ = self.steps(
-            logits, cache, mask, next_pos, max_tokens, temperature, top_p, generator, version, swap
-        )
+        got, _ = self.steps(logits, cache, mask, next_pos, sampling, version, swap)
         return got
 
     def _swap(
@@ -114,22 +112,23 @@ class Decoder:
         cache: dict[str, Any],
         mask: torch.Tensor,
         next_pos: torch.Tensor,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        generator: torch.Generator | None,
+        sampling: Sampling,
         version: Callable[[], int],
         swap: Callable[[list[torch.Tensor], torch.Tensor], Step | None] | None = None,
     ) -> tuple[Decoded, torch.Tensor]:
         """The sampling steps from the last logits (B, V) of rows whose KV is in `cache`
         (keyword name -> cache) under `mask` (B, T), next positions `next_pos` (B, 1): up to
-        `max_tokens` tokens per row, a row done at its first end-of-sequence token. Between two
+        `sampling.max_tokens` tokens per row, drawn from a private generator seeded with
+        `sampling.seed` (torch's global one when None), a row done at its first end-of-sequence
+        token. Between two
         steps `swap(tokens so far, mask)` may change the weights and return a fresh
         (logits, cache, next positions) for them. Returns what was sampled and the mask over
         the cache at the end (the last token sampled never runs through the model)."""
         import torch
 
         batch, device = logits.shape[0], logits.device
+        max_tokens, temperature = sampling.max_tokens, sampling.temperature
+        generator = seeded(sampling.seed, device)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         held = version()
         lengths = torch.full((batch,), max_tokens, dtype=torch.long, device=device)
@@ -139,7 +138,7 @@ class Decoder:
         step_versions: list[int] = []
         for step in range(max_tokens):
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
-            tok = draw(logp, top_p, generator)  # (B,)
+            tok = draw(logp, sampling.top_p, generator)  # (B,)
             tokens.append(tok)
             logprobs.append(logp.gather(-1, tok[:, None])[:, 0])
             step_versions.append(held)
@@ -194,6 +193,13 @@ def version_runs(step_versions: list[int], length: int) -> list[tuple[int, int]]
         if not runs or runs[-1][1] != v:
             runs.append((i, v))
     return runs
+
+
+def seeded(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A private generator on `device` seeded with `seed` (None: torch's global one)."""
+    import torch
+
+    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
 
 def draw(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:

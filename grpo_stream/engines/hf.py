@@ -48,7 +48,7 @@ from grpo_stream.engines.lora import HFAdapter
 from grpo_stream.engines.turn_cache import TurnCache
 from grpo_stream.models.adapter import split_adapter
 from grpo_stream.models.loading import load_policy, load_tokenizer, resolve_device
-from grpo_stream.sampling import Completion, GroupSample
+from grpo_stream.sampling import Completion, GroupSample, Sampling
 from grpo_stream.transport.fetcher import VersionFetcher
 
 if TYPE_CHECKING:
@@ -134,21 +134,17 @@ class HFEngine:
         self._between_steps, self._keep_kv = between_steps, keep_kv
 
     def generate(
-        self,
-        prompts: list[str],
-        group_size: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        self, prompts: list[str], group_size: int, sampling: Sampling
     ) -> list[GroupSample]:
-        """Sample `group_size` completions of at most `max_tokens` tokens for each prompt."""
-        _check_args(prompts, group_size, max_tokens, temperature, top_p)
+        """Sample `group_size` completions of at most `sampling.max_tokens` tokens for each
+        prompt."""
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        if group_size < 1:
+            raise ValueError("group_size must be at least 1")
         start = time.perf_counter()
         prompt_ids = self._encode(prompts)
-        flat = self.sample_rows(
-            prompt_ids, max_tokens, temperature, top_p, seed, inflight=True, repeats=group_size
-        )
+        flat = self.sample_rows(prompt_ids, sampling, inflight=True, repeats=group_size)
         groups = [
             GroupSample(
                 prompt_ids=list(ids), completions=flat[p * group_size : (p + 1) * group_size]
@@ -168,21 +164,13 @@ class HFEngine:
         )
         return groups
 
-    def complete(
-        self,
-        rows: list[list[int]],
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
-    ) -> list[Completion]:
-        """One continuation of at most `max_tokens` tokens per row of token ids, fed exactly
-        as given, each row prefilled whole (stateless; episodes keep the KV cache between
-        turns with `open_turns`)."""
+    def complete(self, rows: list[list[int]], sampling: Sampling) -> list[Completion]:
+        """One continuation of at most `sampling.max_tokens` tokens per row of token ids, fed
+        exactly as given, each row prefilled whole (stateless; episodes keep the KV cache
+        between turns with `open_turns`)."""
         if not rows or any(not r for r in rows):
             raise ValueError("complete needs non-empty rows of token ids")
-        _check_args(["-"], 1, max_tokens, temperature, top_p)
-        return self.sample_rows(rows, max_tokens, temperature, top_p, seed)
+        return self.sample_rows(rows, sampling)
 
     def open_turns(self) -> TurnCache:
         """A KV cache kept between the turns of one batch of episodes: each turn then
@@ -198,39 +186,30 @@ class HFEngine:
     def sample_rows(
         self,
         rows: list[list[int]],
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        sampling: Sampling,
         inflight: bool = False,
         repeats: int = 1,
     ) -> list[Completion]:
-        """The one sampling setup: left-pad `rows` (checked by the caller), seed a private
-        generator, decode under inference mode. `inflight`: versions may be swapped in between
-        steps (`enable_inflight`); each Completion says which version sampled which tokens.
-        `repeats`: completions per row, each row prefilled once (len(rows) * repeats out,
-        a row's adjacent)."""
+        """The one sampling setup: left-pad `rows` (checked by the caller), decode under
+        inference mode (seeded by `sampling.seed`, `engines.decode`). `inflight`: versions may
+        be swapped in between steps (`enable_inflight`); each Completion says which version
+        sampled which tokens. `repeats`: completions per row, each row prefilled once
+        (len(rows) * repeats out, a row's adjacent)."""
         import torch
 
         input_ids, mask = self._left_pad(rows)
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
         hook = self._between_steps if inflight else None
         with torch.inference_mode():
             got = self._decoder.run(
                 input_ids,
                 mask,
-                max_tokens,
-                temperature,
-                top_p,
-                generator,
+                sampling,
                 version=lambda: self.version,
                 between_steps=hook,
                 keep_kv=self._keep_kv,
                 repeats=repeats,
             )
-        return self._completions(got, max_tokens)
+        return self._completions(got, sampling.max_tokens)
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:
         encoded: list[list[int]] = self.tokenizer(prompts)["input_ids"]
@@ -347,16 +326,3 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
-
-
-def _check_args(
-    prompts: list[str], group_size: int, max_tokens: int, temperature: float, top_p: float
-) -> None:
-    if not prompts:
-        raise ValueError("generate needs at least one prompt")
-    if group_size < 1 or max_tokens < 1:
-        raise ValueError("group_size and max_tokens must be at least 1")
-    if temperature <= 0:
-        raise ValueError("temperature must be positive (greedy decoding is not supported)")
-    if not 0 < top_p <= 1:
-        raise ValueError("top_p must be in (0, 1]")

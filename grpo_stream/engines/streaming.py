@@ -10,7 +10,7 @@ import random
 from collections.abc import Hashable
 from typing import Protocol, runtime_checkable
 
-from grpo_stream.sampling import GroupSample
+from grpo_stream.sampling import GroupSample, Sampling
 
 
 class EngineFailed(RuntimeError):
@@ -37,14 +37,7 @@ class StreamingEngine(Protocol):
         ...
 
     def submit(
-        self,
-        key: Hashable,
-        prompt_ids: list[int],
-        group_size: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        self, key: Hashable, prompt_ids: list[int], group_size: int, sampling: Sampling
     ) -> None:
         """Start sampling `group_size` completions of `prompt_ids` now."""
         ...

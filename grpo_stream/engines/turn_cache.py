@@ -1,7 +1,7 @@
 """The hf engine's KV cache kept between the turns of one batch of episodes.
 
 `HFEngine.open_turns` opens a `TurnCache` per batch of episodes (`grpo_stream.envs.episodes`);
-each `complete(keys, rows, ...)` samples one continuation per row exactly as
+each `complete(keys, rows, sampling)` samples one continuation per row exactly as
 `HFEngine.complete` does, but feeds the model only the tokens of each row that the cache does
 not hold yet: the environment's observation and the last sampled token of the previous turn
 (the decode loop samples it but never runs it through the model). `close` frees the cache.
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from grpo_stream.engines.decode import Decoded, Decoder
-from grpo_stream.sampling import Completion
+from grpo_stream.sampling import Completion, Sampling
 
 if TYPE_CHECKING:
     import torch
@@ -66,22 +66,13 @@ class TurnCache:
     _sliding: bool = False
 
     def complete(
-        self,
-        keys: list[int],
-        rows: list[list[int]],
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        self, keys: list[int], rows: list[list[int]], sampling: Sampling
     ) -> list[Completion]:
-        """One continuation of at most `max_tokens` tokens per row (the whole row so far:
-        prompt and every turn), row i being episode `keys[i]`."""
+        """One continuation of at most `sampling.max_tokens` tokens per row (the whole row so
+        far: prompt and every turn), row i being episode `keys[i]`."""
         import torch
 
-        _check(keys, rows, max_tokens, temperature, top_p)
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
+        _check(keys, rows)
         with torch.inference_mode():
             if not self._reusable(keys, rows):
                 self._reset(len(rows))
@@ -89,8 +80,8 @@ class TurnCache:
                 self._select(keys)
             self._keys = list(keys)
             logits, next_pos = self._extend(rows)
-            got = self._decode(logits, next_pos, max_tokens, temperature, top_p, generator)
-        return self.finish(got, max_tokens)
+            got = self._decode(logits, next_pos, sampling)
+        return self.finish(got, sampling.max_tokens)
 
     @property
     def rows(self) -> int:
@@ -205,15 +196,7 @@ class TurnCache:
         self.prefilled += sum(len(t) for t in tails)
         return out.logits[:, -1, :], positions, mask
 
-    def _decode(
-        self,
-        logits: torch.Tensor,
-        next_pos: torch.Tensor,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        generator: torch.Generator | None,
-    ) -> Decoded:
+    def _decode(self, logits: torch.Tensor, next_pos: torch.Tensor, sampling: Sampling) -> Decoded:
         """The decode steps (`Decoder.steps`, no in-flight swaps), then the cache keeps the KV
         of each row's tokens up to its end of sequence; later ones become holes."""
         mask = self._mask_now()
@@ -223,10 +206,7 @@ class TurnCache:
             {self.decoder.cache_arg: self._cache},
             mask,
             next_pos,
-            max_tokens,
-            temperature,
-            top_p,
-            generator,
+            sampling,
             lambda: self._held,
         )
         self._keep_decoded(mask, start, got)
@@ -249,16 +229,8 @@ class TurnCache:
         return self._mask
 
 
-def _check(
-    keys: list[int], rows: list[list[int]], max_tokens: int, temperature: float, top_p: float
-) -> None:
+def _check(keys: list[int], rows: list[list[int]]) -> None:
     if not rows or any(not r for r in rows):
         raise ValueError("complete needs non-empty rows of token ids")
     if len(keys) != len(rows) or len(set(keys)) != len(keys):
         raise ValueError("complete needs one distinct key per row")
-    if max_tokens < 1:
-        raise ValueError("max_tokens must be at least 1")
-    if temperature <= 0:
-        raise ValueError("temperature must be positive (greedy decoding is not supported)")
-    if not 0 < top_p <= 1:
-        raise ValueError("top_p must be in (0, 1]")

@@ -39,7 +39,7 @@ from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.sandbox import Answer
 from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.sampling import Completion
+from grpo_stream.sampling import Completion, Sampling
 
 log = structlog.get_logger()
 
@@ -47,14 +47,7 @@ log = structlog.get_logger()
 class TurnEngine(Protocol):
     """What the turn loop needs from an engine: sample continuations of token-id rows."""
 
-    def complete(
-        self,
-        rows: list[list[int]],
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
-    ) -> list[Completion]: ...
+    def complete(self, rows: list[list[int]], sampling: Sampling) -> list[Completion]: ...
 
 
 class TurnSession(Protocol):
@@ -63,13 +56,7 @@ class TurnSession(Protocol):
     whole row so far; an episode absent from a call has ended."""
 
     def complete(
-        self,
-        keys: list[int],
-        rows: list[list[int]],
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        self, keys: list[int], rows: list[list[int]], sampling: Sampling
     ) -> list[Completion]: ...
 
     def close(self) -> None: ...
@@ -89,15 +76,9 @@ class Stateless:
     engine: TurnEngine
 
     def complete(
-        self,
-        keys: list[int],
-        rows: list[list[int]],
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        self, keys: list[int], rows: list[list[int]], sampling: Sampling
     ) -> list[Completion]:
-        return self.engine.complete(rows, max_tokens, temperature, top_p, seed=seed)
+        return self.engine.complete(rows, sampling)
 
     def close(self) -> None:
         pass
@@ -169,10 +150,8 @@ class EpisodeRun:
     prompts: Sequence[str]
     references: Sequence[dict[str, Any]]
     group_size: int
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
+    sampling: Sampling
+    """Each turn's: at most `max_tokens` tokens a reply, turn t seeded by `child(t)`."""
     key_base: int = 0
     """Episode keys are key_base + index (distinct per batch in flight)."""
 
@@ -226,10 +205,9 @@ def _play_turn(
     if not live:
         return
     room = {k: budget - len(eps[keys[k]].token_ids) for k in live}
-    n = min(run.max_tokens, max(room.values()))
+    n = min(run.sampling.max_tokens, max(room.values()))
     rows = [eps[keys[k]].prompt_ids + eps[keys[k]].token_ids for k in live]
-    seed = (run.seed * 1_000_003 + turn) % 2**63
-    completions = session.complete(live, rows, n, run.temperature, run.top_p, seed=seed)
+    completions = session.complete(live, rows, run.sampling.child(turn, max_tokens=n))
     actions: dict[int, str] = {}
     ended_with_eos: dict[int, bool] = {}
     for k, c in zip(live, completions, strict=True):

@@ -17,13 +17,17 @@ from grpo_stream.envs.episodes import Episode, EpisodeRun, TurnEngine, run_episo
 from grpo_stream.envs.sandbox import EnvPool
 from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.protocols import messages as m
+from grpo_stream.sampling import Sampling
 
 
 class Player(Protocol):
     """What the generator needs to play a batch as episodes (`EpisodePlayer` against an
     environment, `grpo_stream.agents.player.AgentPlayer` by a user agent)."""
 
-    def play(self, batch: m.PromptBatch, seed: int) -> list[list[Episode]]: ...
+    def play(self, batch: m.PromptBatch, sampling: Sampling) -> list[list[Episode]]:
+        """Play `batch` as G episodes per prompt, sampled under `sampling` (the batch's,
+        seeded for its lease); the episodes grouped by prompt, in prompt order."""
+        ...
 
     def stats(self) -> dict[str, int]: ...
 
@@ -52,15 +56,12 @@ class EpisodePlayer:
     def __exit__(self, *exc_info: object) -> None:
         self.pool.close()
 
-    def play(self, batch: m.PromptBatch, seed: int) -> list[list[Episode]]:
+    def play(self, batch: m.PromptBatch, sampling: Sampling) -> list[list[Episode]]:
         run = EpisodeRun(
             prompts=list(batch.prompts),
             references=[dict(r) for r in batch.references],
             group_size=batch.group_size,
-            max_tokens=batch.sampling.max_tokens,
-            temperature=batch.sampling.temperature,
-            top_p=batch.sampling.top_p,
-            seed=seed,
+            sampling=sampling,
             key_base=int(batch.lease_id) * len(batch.prompts) * batch.group_size,
         )
         groups = run_episodes(

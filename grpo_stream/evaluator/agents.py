@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from grpo_stream.agents.inbox import Sampling
 from grpo_stream.agents.player import AgentPlayer, AgentRun
 from grpo_stream.config.evaluator import EvalSettings
 from grpo_stream.evaluation import GREEDY_TOP_P, pass_at_k
+from grpo_stream.sampling import Sampling
 from grpo_stream.tasks.base import Problem
 
 
@@ -30,19 +31,19 @@ def evaluate_agent(
     problems: Sequence[Problem],
     ev: EvalSettings,
     sampling: Sampling,
-    seed: int,
 ) -> dict[str, Any]:
-    """The eval.jsonl fields of one evaluation of the agent on `problems`."""
+    """The eval.jsonl fields of one evaluation of the agent on `problems`, sampled as
+    `sampling` (the run's, with its seed) says where the eval settings do not."""
     before = player.stats()
     run = AgentRun(
         prompts=[p.prompt for p in problems],
         references=[p.reference for p in problems],
         group_size=ev.k,
-        seed=seed,
-        sampling=Sampling(
-            ev.temperature or sampling.temperature,
-            GREEDY_TOP_P if ev.greedy else 1.0,
-            ev.max_tokens or sampling.max_tokens,
+        sampling=replace(
+            sampling,
+            max_tokens=ev.max_tokens or sampling.max_tokens,
+            temperature=ev.temperature or sampling.temperature,
+            top_p=GREEDY_TOP_P if ev.greedy else 1.0,
         ),
     )
     groups = player.play_run(run)

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from grpo_stream.agents.inbox import Sampling
 from grpo_stream.agents.player import AgentPlayer
 from grpo_stream.config.tasks import RewardSpec, TaskSettings
 from grpo_stream.evaluation import GREEDY_TOP_P, Sample, Tally, score_group
 from grpo_stream.evaluator.agents import evaluate_agent
 from grpo_stream.rewards import RewardFn, load_reward, reward_specs
+from grpo_stream.sampling import Sampling
 from grpo_stream.tasks import Problem, Task, TaskDataError, make_eval_task, make_task
 from grpo_stream.training.sinks import make_sinks
 
@@ -105,14 +105,13 @@ class OnlineEval:
         per_call = max(1, _SEQUENCES_PER_CALL // ev.k)
         for start in range(0, len(self.problems), per_call):
             batch = self.problems[start : start + per_call]
-            groups = engine.generate(
-                [p.prompt for p in batch],
-                ev.k,
-                ev.max_tokens or gen.max_tokens,
-                ev.temperature or gen.temperature,
+            sampling = Sampling(
+                max_tokens=ev.max_tokens or gen.max_tokens,
+                temperature=ev.temperature or gen.temperature,
                 top_p=GREEDY_TOP_P if ev.greedy else 1.0,
                 seed=self.cfg.run.seed + start,
             )
+            groups = engine.generate([p.prompt for p in batch], ev.k, sampling)
             for problem, group in zip(batch, groups, strict=True):
                 samples = [Sample(c.text, c.truncated) for c in group.completions]
                 score_group(self.fns, tally, problem, samples)
@@ -132,8 +131,8 @@ class OnlineEval:
 
     def _run_agents(self, engine: Engine, step: int, agents: AgentPlayer) -> dict[str, Any]:
         gen, t0 = self.cfg.generator, time.perf_counter()
-        sampling = Sampling(gen.temperature, 1.0, gen.max_tokens)
-        fields = evaluate_agent(agents, self.problems, self.cfg.eval, sampling, self.cfg.run.seed)
+        sampling = Sampling.of(gen, seed=self.cfg.run.seed)
+        fields = evaluate_agent(agents, self.problems, self.cfg.eval, sampling)
         row: dict[str, Any] = {
             "step": step,
             "policy_version": engine.version,

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Literal
 
+from grpo_stream.sampling import Sampling
+
 MIN_VERSION = (0, 32, 0)
 """The first release with everything the vllm engine uses (CompletionOutput.weight_versions
 arrived in 0.32.0; the wheels of 0.30.0 and 0.31.0 lack it)."""
@@ -147,19 +149,19 @@ def start_engine(args: Any) -> Any:
     return AsyncLLM.from_engine_args(args)
 
 
-def sampling(n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None) -> Any:
-    """SamplingParams: n completions, the sampled token's log-prob, all n in one final output,
-    no detokenizing (the engine decodes with the run's tokenizer)."""
+def sampling(n: int, how: Sampling) -> Any:
+    """vLLM's SamplingParams for `how`: n completions, the sampled token's log-prob, all n in
+    one final output, no detokenizing (the engine decodes with the run's tokenizer)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     return SamplingParams(
         n=n,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
+        max_tokens=how.max_tokens,
+        temperature=how.temperature,
+        top_p=how.top_p,
         logprobs=0,
-        seed=seed,
+        seed=how.seed,
         detokenize=False,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )

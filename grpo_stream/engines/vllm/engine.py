@@ -37,6 +37,7 @@ import queue
 import time
 import uuid
 from collections.abc import Callable, Hashable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -54,7 +55,7 @@ from grpo_stream.models.loading import (
     resolve_model,
 )
 from grpo_stream.progress import long_wait
-from grpo_stream.sampling import Completion, GroupSample
+from grpo_stream.sampling import Completion, GroupSample, Sampling
 
 if TYPE_CHECKING:
     import numpy as np
@@ -157,17 +158,14 @@ class VLLMEngine:
         key: Hashable,
         prompt_ids: list[int],
         group_size: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        sampling: Sampling,
         sink: queue.Queue[Finished] | None = None,
     ) -> None:
         """Start sampling `group_size` completions of `prompt_ids` now; its group comes back
         through `take_finished` (or `sink`) under `key`."""
-        if not prompt_ids or group_size < 1 or max_tokens < 1:
-            raise ValueError("submit needs prompt ids, group_size >= 1 and max_tokens >= 1")
-        params = compat.sampling(group_size, max_tokens, temperature, top_p, seed)
+        if not prompt_ids or group_size < 1:
+            raise ValueError("submit needs prompt ids and group_size >= 1")
+        params = compat.sampling(group_size, sampling)
         prompt = compat.token_prompt([int(t) for t in prompt_ids], f"v{self.version}")
         rid = f"{self._prefix}-{next(self._ids)}"
         adapter, version = self.updater.acquire()
@@ -228,23 +226,17 @@ class VLLMEngine:
     # ---- whole calls --------------------------------------------------------------------
 
     def generate(
-        self,
-        prompts: list[str],
-        group_size: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        self, prompts: list[str], group_size: int, sampling: Sampling
     ) -> list[GroupSample]:
-        """Sample `group_size` completions of at most `max_tokens` tokens for each prompt."""
+        """Sample `group_size` completions of at most `sampling.max_tokens` tokens for each
+        prompt."""
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         start = time.perf_counter()
         sink: queue.Queue[Finished] = queue.Queue()
-        for i, (ids, s) in enumerate(
-            zip(self.encode(prompts), seeds(seed, len(prompts)), strict=True)
-        ):
-            self.submit(i, ids, group_size, max_tokens, temperature, top_p, s, sink)
+        per_prompt = seeds(sampling.seed, len(prompts))
+        for i, (ids, seed) in enumerate(zip(self.encode(prompts), per_prompt, strict=True)):
+            self.submit(i, ids, group_size, replace(sampling, seed=seed), sink)
         done = self._wait_all(sink, len(prompts))
         groups = [self._group(done[i]) for i in range(len(prompts))]
         log.debug(
@@ -257,21 +249,15 @@ class VLLMEngine:
         )
         return groups
 
-    def complete(
-        self,
-        rows: list[list[int]],
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | None = None,
-    ) -> list[Completion]:
-        """One continuation of at most `max_tokens` tokens per row of token ids, fed exactly
-        as given (the multi-turn path); rows sharing a cached prefix reuse its KV blocks."""
+    def complete(self, rows: list[list[int]], sampling: Sampling) -> list[Completion]:
+        """One continuation of at most `sampling.max_tokens` tokens per row of token ids, fed
+        exactly as given (the multi-turn path); rows sharing a cached prefix reuse its KV
+        blocks."""
         if not rows or any(not r for r in rows):
             raise ValueError("complete needs non-empty rows of token ids")
         sink: queue.Queue[Finished] = queue.Queue()
-        for i, (row, s) in enumerate(zip(rows, seeds(seed, len(rows)), strict=True)):
-            self.submit(i, row, 1, max_tokens, temperature, top_p, s, sink)
+        for i, (row, seed) in enumerate(zip(rows, seeds(sampling.seed, len(rows)), strict=True)):
+            self.submit(i, row, 1, replace(sampling, seed=seed), sink)
         done = self._wait_all(sink, len(rows))
         outputs = [done[i].output for i in range(len(rows))]
         self.last_cached_tokens = [int(out.num_cached_tokens or 0) for out in outputs]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_stream.sampling import Completion
+from grpo_stream.sampling import Completion, Sampling
 
 END = "<eos>"
 
@@ -21,11 +21,9 @@ class Scripted:
     script: Callable[[str], str]
     calls: list[list[list[int]]] = field(default_factory=list)
 
-    def complete(
-        self, rows: list[list[int]], max_tokens: int, temperature: float, top_p: float = 1.0,
-        seed: int | None = None,
-    ) -> list[Completion]:  # fmt: skip
+    def complete(self, rows: list[list[int]], sampling: Sampling) -> list[Completion]:
         self.calls.append([list(r) for r in rows])
+        max_tokens = sampling.max_tokens
         out = []
         for row in rows:
             text = self.script(self.tokenizer.decode(row))

@@ -14,12 +14,12 @@ import pytest
 
 from grpo_stream.agents.calc import CALC_TOOL
 from grpo_stream.agents.chat import ChatFormat
-from grpo_stream.agents.inbox import Sampling
 from grpo_stream.agents.player import AgentPlayer, AgentRun
 from grpo_stream.builds.tools import build_tools_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import Episode
 from grpo_stream.envs.sandbox import EnvPoolError
+from grpo_stream.sampling import Sampling
 
 from .conftest import HERE
 from .scripted import Scripted
@@ -49,7 +49,7 @@ def play(
     run = AgentRun(
         prompts=[f"p{i}" for i in range(len(dos))],
         references=[{"do": do, "answer": 7} for do in dos], group_size=group,
-        sampling=Sampling(1.0, 1.0, 96), seed=0,
+        sampling=Sampling(96, seed=0),
     )  # fmt: skip
     return [e for g in player.play_run(run) for e in g]
 
@@ -229,7 +229,7 @@ def test_evaluation_plays_the_agent_through_the_same_endpoint(player: AgentPlaye
     player.engine.script = call_once  # type: ignore[attr-defined]
     player.settings = player.pool.settings = BASE
     problems = [Problem(0, "p0", {"do": "calls_then_answers"}), Problem(1, "p1", {"do": "raises"})]
-    row = evaluate_agent(player, problems, EvalSettings(k=2), Sampling(1.0, 1.0, 96), seed=0)
+    row = evaluate_agent(player, problems, EvalSettings(k=2), Sampling(96, seed=0))
     assert row["eval/pass@1"] == 0.5 and row["eval/pass@k"] == 0.5  # one problem solved
     assert row["eval/reward"] == 1.0 and row["eval/episodes_failed"] == 2
     assert row["eval/tool_calls"] == 4 and row["eval/tool_calls_malformed"] == 0  # 1 each

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from grpo_stream.agents.inbox import Sampling
 from grpo_stream.agents.player import AgentPlayer, AgentRun
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.episodes import Episode
+from grpo_stream.sampling import Sampling
 
 from ..envs.trained import check_trainer_logprobs, rollout_of
 from .conftest import HERE
@@ -41,7 +41,7 @@ def played() -> Iterator[tuple[Any, list[Episode]]]:
     try:
         with AgentPlayer(settings, engine, engine.tokenizer, MODEL) as player:
             run = AgentRun(prompts=["37*48="], references=[{"answer": 1776}], group_size=GROUP,
-                           sampling=Sampling(1.0, 1.0, MAX_TOKENS), seed=5)  # fmt: skip
+                           sampling=Sampling(MAX_TOKENS, seed=5))  # fmt: skip
             (episodes,) = player.play_run(run)
         yield engine, episodes
     finally:

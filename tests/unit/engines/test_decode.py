@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from grpo_stream.engines.hf import HFEngine
+from grpo_stream.sampling import Sampling
 
 PROMPTS = ["1+2=", "12+34=", "7*8=?", "100-1="]  # different lengths: rows are left-padded
 G = 4
@@ -18,7 +19,7 @@ def every_row_prefilled(engine: HFEngine, prompts: list[str], seed: int) -> list
     """The path without repeats: each prompt's row given G times, all P*G rows prefilled."""
     ids = engine.tokenizer(prompts)["input_ids"]
     rows = [r for r in ids for _ in range(G)]
-    return engine.sample_rows(rows, max_tokens=8, temperature=1.0, seed=seed, inflight=True)
+    return engine.sample_rows(rows, Sampling(8, seed=seed), inflight=True)
 
 
 def test_generate_prefills_one_row_per_prompt(hf_engine: HFEngine) -> None:
@@ -29,7 +30,7 @@ def test_generate_prefills_one_row_per_prompt(hf_engine: HFEngine) -> None:
 
     handle = hf_engine.model.register_forward_pre_hook(record, with_kwargs=True)
     try:
-        hf_engine.generate(PROMPTS, group_size=G, max_tokens=4, temperature=1.0, seed=0)
+        hf_engine.generate(PROMPTS, group_size=G, sampling=Sampling(max_tokens=4, seed=0))
     finally:
         handle.remove()
     assert batch_sizes[0] == len(PROMPTS)  # the prefill
@@ -40,7 +41,9 @@ def test_one_prefill_per_prompt_samples_what_prefilling_every_row_samples(
     hf_engine: HFEngine,
 ) -> None:
     for seed in (0, 1, 2):
-        groups = hf_engine.generate(PROMPTS, group_size=G, max_tokens=8, temperature=1.0, seed=seed)
+        groups = hf_engine.generate(
+            PROMPTS, group_size=G, sampling=Sampling(max_tokens=8, seed=seed)
+        )
         repeated = [c for g in groups for c in g.completions]
         reference = every_row_prefilled(hf_engine, PROMPTS, seed)
         assert [c.token_ids for c in repeated] == [c.token_ids for c in reference]
@@ -50,7 +53,7 @@ def test_one_prefill_per_prompt_samples_what_prefilling_every_row_samples(
 
 
 def test_repeated_samples_of_a_prompt_differ(hf_engine: HFEngine) -> None:
-    (group,) = hf_engine.generate(["1+2="], group_size=8, max_tokens=8, temperature=1.0, seed=0)
+    (group,) = hf_engine.generate(["1+2="], group_size=8, sampling=Sampling(max_tokens=8, seed=0))
     assert len({tuple(c.token_ids) for c in group.completions}) > 1
 
 
@@ -79,7 +82,7 @@ def test_repeated_cache_recomputed_after_an_inflight_swap_matches_every_row_pref
     repeated = run(
         lambda: (
             c
-            for g in hf_engine.generate(PROMPTS, G, max_tokens=8, temperature=1.0, seed=7)
+            for g in hf_engine.generate(PROMPTS, G, sampling=Sampling(max_tokens=8, seed=7))
             for c in g.completions
         )
     )

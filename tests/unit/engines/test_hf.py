@@ -12,7 +12,7 @@ import torch
 
 from grpo_stream.engines import Engine
 from grpo_stream.engines.hf import HFEngine
-from grpo_stream.sampling import GroupSample
+from grpo_stream.sampling import GroupSample, Sampling
 
 PROMPTS = ["1+2=", "12+34=", "7*8=?", "100-1="]
 
@@ -65,7 +65,7 @@ def test_hf_engine_satisfies_engine_protocol(hf_engine: HFEngine) -> None:
 def test_generate_returns_group_size_completions_per_prompt_in_order(
     hf_engine: HFEngine, tokenizer: Any
 ) -> None:
-    groups = hf_engine.generate(PROMPTS, group_size=3, max_tokens=5, temperature=1.0, seed=0)
+    groups = hf_engine.generate(PROMPTS, group_size=3, sampling=Sampling(max_tokens=5, seed=0))
     assert len(groups) == len(PROMPTS)
     for prompt, group in zip(PROMPTS, groups, strict=True):
         assert group.prompt_ids == tokenizer(prompt)["input_ids"]
@@ -79,7 +79,7 @@ def test_generate_returns_group_size_completions_per_prompt_in_order(
 def test_completion_ends_at_first_eos_or_has_exactly_max_tokens(
     hf_engine: HFEngine, tokenizer: Any
 ) -> None:
-    groups = hf_engine.generate(PROMPTS * 4, group_size=8, max_tokens=8, temperature=1.0, seed=3)
+    groups = hf_engine.generate(PROMPTS * 4, group_size=8, sampling=Sampling(max_tokens=8, seed=3))
     eos = tokenizer.eos_token_id
     completions = all_completions(groups)
     assert any(eos in c.token_ids for c in completions), "the seeded sample should hit <eos>"
@@ -95,7 +95,7 @@ def test_completion_ends_at_first_eos_or_has_exactly_max_tokens(
 def test_sampled_eos_ends_the_completion_and_is_kept(hf_engine: HFEngine, tokenizer: Any) -> None:
     eos = tokenizer.eos_token_id
     with biased_logit(hf_engine, eos, 100.0):
-        groups = hf_engine.generate(PROMPTS, group_size=2, max_tokens=6, temperature=1.0, seed=0)
+        groups = hf_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=6, seed=0))
     for c in all_completions(groups):
         assert c.token_ids == [eos]
         assert c.text == ""
@@ -107,21 +107,21 @@ def test_completion_without_eos_at_max_tokens_is_truncated(
     hf_engine: HFEngine, tokenizer: Any
 ) -> None:
     with biased_logit(hf_engine, tokenizer.eos_token_id, -1e4):
-        groups = hf_engine.generate(PROMPTS, group_size=2, max_tokens=6, temperature=1.0, seed=0)
+        groups = hf_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=6, seed=0))
     for c in all_completions(groups):
         assert len(c.token_ids) == 6
         assert c.truncated is True
 
 
 def test_same_seed_gives_identical_samples(hf_engine: HFEngine) -> None:
-    first = hf_engine.generate(PROMPTS, group_size=4, max_tokens=6, temperature=1.0, seed=11)
-    second = hf_engine.generate(PROMPTS, group_size=4, max_tokens=6, temperature=1.0, seed=11)
+    first = hf_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=6, seed=11))
+    second = hf_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=6, seed=11))
     assert first == second
 
 
 def test_different_seeds_give_different_samples(hf_engine: HFEngine) -> None:
-    first = hf_engine.generate(PROMPTS, group_size=4, max_tokens=6, temperature=1.0, seed=11)
-    second = hf_engine.generate(PROMPTS, group_size=4, max_tokens=6, temperature=1.0, seed=12)
+    first = hf_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=6, seed=11))
+    second = hf_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=6, seed=12))
     tokens = [c.token_ids for c in all_completions(first)]
     assert tokens != [c.token_ids for c in all_completions(second)]
 
@@ -132,7 +132,7 @@ def test_logprobs_match_teacher_forced_forward_of_unpadded_sequence(
 ) -> None:
     # Prompts of different lengths, so most rows were left-padded during generation.
     groups = hf_engine.generate(
-        PROMPTS, group_size=4, max_tokens=8, temperature=temperature, seed=5
+        PROMPTS, group_size=4, sampling=Sampling(max_tokens=8, temperature=temperature, seed=5)
     )
     worst = 0.0
     for group in groups:
@@ -146,7 +146,7 @@ def test_logprobs_match_teacher_forced_forward_of_unpadded_sequence(
 
 def test_tiny_top_p_samples_the_most_likely_token(hf_engine: HFEngine) -> None:
     groups = hf_engine.generate(
-        PROMPTS, group_size=2, max_tokens=4, temperature=1.0, top_p=1e-6, seed=0
+        PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, top_p=1e-6, seed=0)
     )
     for group in groups:
         for c in group.completions:
@@ -159,9 +159,9 @@ def test_tiny_top_p_samples_the_most_likely_token(hf_engine: HFEngine) -> None:
 
 
 def test_load_weights_changes_logprobs_and_sets_version(hf_engine: HFEngine) -> None:
-    before = hf_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    before = hf_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     hf_engine.load_weights(perturbed(hf_engine.model, 0.05), version=7)
-    after = hf_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    after = hf_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     assert hf_engine.version == 7
     first = [c.logprobs[0] for c in all_completions(before)]
     assert first != [c.logprobs[0] for c in all_completions(after)]
@@ -219,4 +219,4 @@ def test_weights_with_unknown_name_are_rejected(hf_engine: HFEngine) -> None:
 
 def test_prompt_that_encodes_to_no_tokens_is_rejected(hf_engine: HFEngine) -> None:
     with pytest.raises(ValueError, match="no tokens"):
-        hf_engine.generate(["1+1=", ""], group_size=2, max_tokens=4, temperature=1.0)
+        hf_engine.generate(["1+1=", ""], group_size=2, sampling=Sampling(max_tokens=4))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grpo_stream.engines.hf import HFEngine
+from grpo_stream.sampling import Sampling
 
 PROMPTS = ["1+2=", "12+34=", "7*8=?"]  # different lengths: rows are left-padded
 SWAP_AFTER = 3  # tokens sampled under version 0
@@ -39,7 +40,7 @@ def swap_mid_batch(engine: HFEngine, keep_kv: bool) -> tuple[list[Any], dict[str
             engine.load_weights(new, version=1)
 
     engine.enable_inflight(between_steps, keep_kv=keep_kv)
-    groups = engine.generate(PROMPTS, group_size=2, max_tokens=10, temperature=1.0, seed=4)
+    groups = engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=10, seed=4))
     return groups, old
 
 
@@ -91,5 +92,5 @@ def test_complete_never_swaps_mid_turn(hf_engine: HFEngine) -> None:
     calls = []
     hf_engine.enable_inflight(lambda: calls.append(1))
     rows = [hf_engine.tokenizer("1+2=")["input_ids"]]
-    (c,) = hf_engine.complete(rows, max_tokens=5, temperature=1.0, seed=0)
+    (c,) = hf_engine.complete(rows, sampling=Sampling(max_tokens=5, seed=0))
     assert calls == [] and c.version_runs == [(0, 0)]

@@ -14,6 +14,7 @@ from grpo_stream.config.lora import LoraSettings
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.models.adapter import AdapterError, base_fingerprint
+from grpo_stream.sampling import Sampling
 from grpo_stream.training.lora import wrap_policy
 from grpo_stream.transport.weights import WeightServer
 
@@ -176,7 +177,7 @@ def test_vllm_serves_each_adapter_version_as_a_new_request(
         trainer_model, published = trained_adapter(base, seed=seed, name=str(tiny_dir))
         weight_server.publish(version, published)
         assert vllm_lora.update_from_server(weight_server.addresses["weights"], -1) == version
-        groups = vllm_lora.generate(PROMPTS, group_size=2, max_tokens=6, temperature=1.0, seed=0)
+        groups = vllm_lora.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=6, seed=0))
         assert _max_logprob_error(groups, trainer_model) < VLLM_TOLERANCE
         assert {run for g in groups for c in g.completions for run in c.version_runs} == {
             (0, version)
@@ -207,11 +208,11 @@ def test_vllm_requests_keep_the_adapter_they_started_with_across_a_swap(
             assert vllm_lora.update_from_server(address, -1) == first
             ids = vllm_lora.encode(PROMPTS)
             for i, row in enumerate(ids):  # long requests on the first adapter
-                vllm_lora.submit(("old", i), row, 4, 40, temperature=1.0, seed=i)
+                vllm_lora.submit(("old", i), row, 4, Sampling(max_tokens=40, seed=i))
     old_id = vllm_lora.updater.adapter.request.lora_int_id
     assert vllm_lora.update_from_server(address, -1) == first + 1  # while they run
     for i, row in enumerate(ids):
-        vllm_lora.submit(("new", i), row, 4, 40, temperature=1.0, seed=i)
+        vllm_lora.submit(("new", i), row, 4, Sampling(max_tokens=40, seed=i))
     got: dict[Any, Any] = {}
     deadline = time.monotonic() + 120
     while len(got) < 2 * len(PROMPTS) and time.monotonic() < deadline:

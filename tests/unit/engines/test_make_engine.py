@@ -13,6 +13,7 @@ from grpo_stream.config import GeneratorSettings, ModelSettings
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.engines import EngineUnavailableError, make_engine
 from grpo_stream.engines.factory import vllm_available
+from grpo_stream.sampling import Sampling
 
 
 def settings() -> tuple[ModelSettings, GeneratorSettings, TransportSettings, SecuritySettings]:
@@ -45,7 +46,7 @@ def test_make_engine_hf_loads_a_model_directory_in_float32_on_cpu(tiny_dir: Path
     model = ModelSettings(name_or_path=str(tiny_dir))
     engine = make_engine("hf", model, generator, transport, security, device="cpu")
     try:
-        groups = engine.generate(["1+2="], group_size=2, max_tokens=3, temperature=1.0, seed=0)
+        groups = engine.generate(["1+2="], group_size=2, sampling=Sampling(max_tokens=3, seed=0))
         assert engine.version == 0
         assert len(groups[0].completions) == 2
         assert next(engine.model.parameters()).dtype == torch.float32  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.engines.turn_cache import TurnCache
+from grpo_stream.sampling import Sampling
 
 PROMPTS = ["1", "12+34=", "7*8=?", "100-1=abc de"]  # uneven lengths: 1 to 12 tokens
 OBSERVATIONS = ["", "x", "abc", "h? lower"]  # 0 to 8 tokens, one per row
@@ -51,7 +52,7 @@ def play(
     rows = {k: list(prompts[k % len(prompts)]) for k in keys}
     sampled: dict[int, list[tuple[int, int, float]]] = {k: [] for k in keys}
     for turn in range(turns):
-        got = complete(keys, [rows[k] for k in keys], 5, temperature, seed=11 + turn)
+        got = complete(keys, [rows[k] for k in keys], Sampling(5, temperature, seed=11 + turn))
         for k, c in zip(keys, got, strict=True):
             start = len(rows[k])
             sampled[k] += [
@@ -64,7 +65,7 @@ def play(
 
 
 def stateless(engine: HFEngine) -> Any:
-    return lambda keys, rows, *a, **kw: engine.complete(rows, *a, **kw)
+    return lambda keys, rows, sampling: engine.complete(rows, sampling)
 
 
 def max_gap_to_fresh_forward(engine: HFEngine, played: dict[int, Any], temperature: float) -> float:
@@ -98,7 +99,7 @@ def test_a_turn_prefills_only_the_tokens_appended_since_the_last(
     grown = [
         len(r) - len(tokenizer(PROMPTS)["input_ids"][k]) for k, r in zip(keys, rows, strict=True)
     ]
-    session.complete(keys, rows, 5, 0.7, seed=0)
+    session.complete(keys, rows, Sampling(5, temperature=0.7, seed=0))
     # at most the appended tokens (the observation and the last sampled token, whose KV the
     # decode loop never computed) plus one: a row with nothing new runs its last token again
     added = session.prefilled - sum(first)
@@ -121,14 +122,14 @@ def test_kv_reuse_samples_the_tokens_the_stateless_path_samples(
 def test_ended_episodes_are_dropped_from_the_cache(hf_engine: HFEngine, tokenizer: Any) -> None:
     session = hf_engine.open_turns()
     rows = {k: r for k, r in enumerate(tokenizer(PROMPTS)["input_ids"])}
-    got = session.complete([0, 1, 2, 3], [rows[k] for k in range(4)], 4, 1.0, seed=1)
+    got = session.complete([0, 1, 2, 3], [rows[k] for k in range(4)], Sampling(4, seed=1))
     assert session.rows == 4
     for k, c in zip(range(4), got, strict=True):
         rows[k] = rows[k] + c.token_ids + tokenizer("ab", add_special_tokens=False)["input_ids"]
     live = [3, 1]  # 0 and 2 ended; the order may change too
-    again = session.complete(live, [rows[k] for k in live], 4, 1.0, seed=2)
+    again = session.complete(live, [rows[k] for k in live], Sampling(4, seed=2))
     assert session.rows == 2
-    expected = hf_engine.complete([rows[k] for k in live], 4, 1.0, seed=2)
+    expected = hf_engine.complete([rows[k] for k in live], Sampling(4, seed=2))
     assert [c.token_ids for c in again] == [c.token_ids for c in expected]
     for k, c in zip(live, again, strict=True):
         logp = fresh_logprobs(hf_engine.model, rows[k] + c.token_ids, 1.0)
@@ -146,10 +147,10 @@ def test_a_row_with_nothing_new_samples_as_from_a_fresh_prefill(
     environment answered nothing) runs its last token again to get the next logits."""
     session = hf_engine.open_turns()
     rows = tokenizer(PROMPTS)["input_ids"]
-    session.complete([0, 1, 2, 3], rows, 1, 1.0, seed=3)  # one step: nothing of it cached
-    session.complete([0, 1, 2, 3], rows, 1, 1.0, seed=3)  # the same rows: all cached
-    again = session.complete([0, 1, 2, 3], rows, 4, 1.0, seed=4)
-    expected = hf_engine.complete(rows, 4, 1.0, seed=4)
+    session.complete([0, 1, 2, 3], rows, Sampling(1, seed=3))  # one step: nothing of it cached
+    session.complete([0, 1, 2, 3], rows, Sampling(1, seed=3))  # the same rows: all cached
+    again = session.complete([0, 1, 2, 3], rows, Sampling(4, seed=4))
+    expected = hf_engine.complete(rows, Sampling(4, seed=4))
     assert [c.token_ids for c in again] == [c.token_ids for c in expected]
     gaps = [
         abs(a - b)
@@ -162,7 +163,7 @@ def test_a_row_with_nothing_new_samples_as_from_a_fresh_prefill(
 def test_a_new_weights_version_drops_the_cache(hf_engine: HFEngine, tokenizer: Any) -> None:
     session: TurnCache = hf_engine.open_turns()
     rows = tokenizer(PROMPTS)["input_ids"]
-    got = session.complete([0, 1, 2, 3], rows, 4, 1.0, seed=5)
+    got = session.complete([0, 1, 2, 3], rows, Sampling(4, seed=5))
     rows = [r + c.token_ids for r, c in zip(rows, got, strict=True)]
     gen = torch.Generator().manual_seed(1)
     new = [
@@ -171,7 +172,7 @@ def test_a_new_weights_version_drops_the_cache(hf_engine: HFEngine, tokenizer: A
     ]
     hf_engine.load_weights(new, version=1)
     with capture_logs() as logs:
-        again = session.complete([0, 1, 2, 3], rows, 4, 1.0, seed=6)
+        again = session.complete([0, 1, 2, 3], rows, Sampling(4, seed=6))
     assert [e["reason"] for e in logs if e["event"] == "turns.cache_dropped"] == ["weights changed"]
     for r, c in zip(rows, again, strict=True):  # the new weights' numbers, not the old KV's
         logp = fresh_logprobs(hf_engine.model, r + c.token_ids, 1.0)
@@ -185,12 +186,12 @@ def test_a_row_that_does_not_extend_its_cached_ids_is_prefilled_whole(
 ) -> None:
     session = hf_engine.open_turns()
     rows = tokenizer(PROMPTS)["input_ids"]
-    session.complete([0, 1, 2, 3], rows, 3, 1.0, seed=7)
+    session.complete([0, 1, 2, 3], rows, Sampling(3, seed=7))
     other = [[*reversed(r), 5] for r in rows]
     with capture_logs() as logs:
-        got = session.complete([0, 1, 2, 3], other, 3, 1.0, seed=8)
+        got = session.complete([0, 1, 2, 3], other, Sampling(3, seed=8))
     assert any(e["event"] == "turns.cache_dropped" for e in logs)
-    expected = hf_engine.complete(other, 3, 1.0, seed=8)
+    expected = hf_engine.complete(other, Sampling(3, seed=8))
     assert [c.token_ids for c in got] == [c.token_ids for c in expected]
 
 
@@ -202,9 +203,9 @@ def test_the_first_turn_prefills_each_distinct_row_once(
     prompts = tokenizer(PROMPTS[1:])["input_ids"]
     rows = [p for p in prompts for _ in range(4)]  # 3 prompts x 4 episodes
     session = ends_early.open_turns()
-    got = session.complete(list(range(12)), rows, 5, 1.0, seed=9)
+    got = session.complete(list(range(12)), rows, Sampling(5, seed=9))
     assert session.prefilled == sum(len(p) for p in prompts)
-    expected = ends_early.complete(rows, 5, 1.0, seed=9)
+    expected = ends_early.complete(rows, Sampling(5, seed=9))
     assert [c.token_ids for c in got] == [c.token_ids for c in expected]
     assert len({tuple(c.token_ids) for c in got}) > 3  # the copies sampled differently
     gaps = [
@@ -228,13 +229,13 @@ def test_episodes_that_played_alike_are_fed_once(hf_engine: HFEngine, tokenizer:
     prompt = tokenizer(PROMPTS[1])["input_ids"]
     session = hf_engine.open_turns()
     handle = hf_engine.model.lm_head.register_forward_hook(only_eos)
-    got = session.complete(list(range(6)), [prompt] * 6, 3, 1.0, seed=1)
+    got = session.complete(list(range(6)), [prompt] * 6, Sampling(3, seed=1))
     handle.remove()
     assert all(c.token_ids == [eos] for c in got)
     answer = tokenizer("abc", add_special_tokens=False)["input_ids"]
     rows = [[*prompt, eos, *answer]] * 6
     before = session.prefilled
-    again = session.complete(list(range(6)), rows, 5, 1.0, seed=2)
+    again = session.complete(list(range(6)), rows, Sampling(5, seed=2))
     # one copy fed: its <eos> (the last step's token: its KV never computed) and the answer
     assert session.prefilled - before == 1 + len(answer)
     assert len({tuple(c.token_ids) for c in again}) > 1

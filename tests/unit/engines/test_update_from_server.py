@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from grpo_stream.engines.hf import HFEngine
+from grpo_stream.sampling import Sampling
 from grpo_stream.transport.weights import WeightServer
 
 PROMPTS = ["1+2=", "12+34="]
@@ -37,10 +38,10 @@ def test_update_from_server_applies_the_published_version(
 def test_update_from_server_changes_behaviour_logprobs(
     hf_engine: HFEngine, weight_server: WeightServer
 ) -> None:
-    before = hf_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    before = hf_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     weight_server.publish(1, trained_copy(hf_engine.model).items())
     hf_engine.update_from_server(weight_server.addresses["weights"], 1)
-    after = hf_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    after = hf_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     first = [g.completions[0].logprobs[0] for g in before]
     assert first != [g.completions[0].logprobs[0] for g in after]
 
@@ -78,7 +79,7 @@ def test_a_version_fetched_in_the_background_is_swapped_in_mid_batch(
 
     hf_engine.enable_inflight(between_steps)
     deadline = 200  # steps: the fetch finishes on its thread while the batch decodes
-    groups = hf_engine.generate(PROMPTS, group_size=2, max_tokens=deadline, temperature=1.0)
+    groups = hf_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=deadline))
     assert len(swapped_at) == 1 and hf_engine.version == 3
     runs = [c.version_runs for g in groups for c in g.completions]
     assert [(0, 0), (swapped_at[0], 3)] in runs  # the rows still decoding switched there

@@ -13,6 +13,7 @@ from grpo_stream.engines.turn_cache import TurnCache
 from grpo_stream.envs.episodes import Episode, EpisodeRun, Stateless, open_session, run_episodes
 from grpo_stream.envs.sandbox import EnvPool
 from grpo_stream.envs.turns import TurnFormat
+from grpo_stream.sampling import Sampling
 
 
 def play(
@@ -27,7 +28,7 @@ def play(
     settings = EnvSettings(name=pool.settings.name, **env)
     run = EpisodeRun(
         prompts=["guess 1-16:"] * len(refs), references=refs, group_size=group,
-        max_tokens=3, temperature=1.0, top_p=1.0, seed=7,
+        sampling=Sampling(3, seed=7),
     )  # fmt: skip
     fmt = TurnFormat(engine.tokenizer, chat=False)
     groups = run_episodes(via or engine, engine.tokenizer, pool, fmt, settings, run)

@@ -15,6 +15,7 @@ from grpo_stream.envs.episodes import Episode, EpisodeRun, run_episodes
 from grpo_stream.envs.turns import TurnFormat
 from grpo_stream.hub.batches import assemble, build_batch
 from grpo_stream.hub.episodes import scored_by_env
+from grpo_stream.sampling import Sampling
 from grpo_stream.training.batch import to_tensors
 
 from .trained import check_trainer_logprobs, rollout_of
@@ -25,9 +26,11 @@ MAX_TOKENS = 3
 def three_turn_group(engine, make_pool, group: int = 4) -> list[Episode]:
     pool = make_pool("bad_envs:ThreeTurns")
     run = EpisodeRun(
-        prompts=["guess 1-16:"], references=[{}], group_size=group, max_tokens=MAX_TOKENS,
-        temperature=1.0, top_p=1.0, seed=3,
-    )  # fmt: skip
+        prompts=["guess 1-16:"],
+        references=[{}],
+        group_size=group,
+        sampling=Sampling(MAX_TOKENS, seed=3),
+    )
     settings = EnvSettings(name=pool.settings.name)
     fmt = TurnFormat(engine.tokenizer, chat=False)
     return run_episodes(engine, engine.tokenizer, pool, fmt, settings, run)[0]

@@ -16,6 +16,7 @@ from grpo_stream.config.envs import ADAPTER_ENV, EnvSettings
 from grpo_stream.envs.episodes import Episode, EpisodeRun, run_episodes
 from grpo_stream.envs.sandbox import EnvPool
 from grpo_stream.envs.turns import TurnFormat
+from grpo_stream.sampling import Sampling
 from grpo_stream.tasks.verifiers import VerifiersTask
 
 pytestmark = pytest.mark.slow  # each worker imports verifiers (10-20 s on a loaded machine)
@@ -37,7 +38,7 @@ def play(engine: Any, pool: EnvPool, spec: str, infos: list[dict[str, Any]]) -> 
     settings = EnvSettings(name=ADAPTER_ENV, max_turns=4, max_episode_tokens=64)
     run = EpisodeRun(
         prompts=[p.prompt for p in problems], references=[p.reference for p in problems],
-        group_size=1, max_tokens=3, temperature=1.0, top_p=1.0, seed=3,
+        group_size=1, sampling=Sampling(3, seed=3),
     )  # fmt: skip
     fmt = TurnFormat(engine.tokenizer, chat=False)
     groups = run_episodes(engine, engine.tokenizer, pool, fmt, settings, run)

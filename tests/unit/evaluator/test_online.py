@@ -9,6 +9,7 @@ import pytest
 
 from grpo_stream.config import config_from_dict
 from grpo_stream.evaluator.online import EVAL_FILE, OnlineEval, read_eval
+from grpo_stream.sampling import Sampling
 from grpo_stream.tasks import held_out
 
 
@@ -58,7 +59,7 @@ def test_greedy_top_p_decodes_the_argmax_whatever_the_seed(engine: object) -> No
 
     prompts = ["3+4=", "12+9=", "7+7="]
     runs = [
-        engine.generate(prompts, 2, 4, 1.0, top_p=GREEDY_TOP_P, seed=s)  # type: ignore[attr-defined]
+        engine.generate(prompts, 2, Sampling(4, top_p=GREEDY_TOP_P, seed=s))  # type: ignore[attr-defined]
         for s in (1, 2)
     ]
     texts = [[c.text for g in run for c in g.completions] for run in runs]

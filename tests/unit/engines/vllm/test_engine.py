@@ -21,7 +21,7 @@ import torch
 
 from grpo_stream.config import GeneratorSettings, ModelSettings
 from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
-from grpo_stream.sampling import GroupSample
+from grpo_stream.sampling import GroupSample, Sampling
 
 sys.path.insert(0, str(Path(__file__).parent))
 from vllm_checks import logprob_errors, max_logprob_error, perturbed_copy
@@ -87,7 +87,7 @@ def test_vllm_generate_returns_group_size_completions_with_logprobs(
     vllm_engine: Any, tokenizer: Any
 ) -> None:
     eos = tokenizer.eos_token_id
-    groups = vllm_engine.generate(PROMPTS, group_size=4, max_tokens=6, temperature=1.0, seed=0)
+    groups = vllm_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=6, seed=0))
     assert len(groups) == len(PROMPTS)
     for group, prompt in zip(groups, PROMPTS, strict=True):
         assert group.prompt_ids == tokenizer(prompt)["input_ids"]  # never re-tokenized
@@ -107,14 +107,14 @@ def test_vllm_logprobs_are_those_of_the_tempered_distribution(
 ) -> None:
     vllm_engine.load_weights(reference.named_parameters(), version=vllm_engine.version)
     groups = vllm_engine.generate(
-        PROMPTS, group_size=4, max_tokens=6, temperature=temperature, seed=1
+        PROMPTS, group_size=4, sampling=Sampling(max_tokens=6, temperature=temperature, seed=1)
     )
     assert max_logprob_error(groups, reference, temperature) < TOLERANCE
 
 
 def test_vllm_same_seed_gives_identical_samples(vllm_engine: Any) -> None:
-    first = vllm_engine.generate(PROMPTS, group_size=4, max_tokens=6, temperature=1.0, seed=7)
-    second = vllm_engine.generate(PROMPTS, group_size=4, max_tokens=6, temperature=1.0, seed=7)
+    first = vllm_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=6, seed=7))
+    second = vllm_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=6, seed=7))
     assert [c.token_ids for g in first for c in g.completions] == [
         c.token_ids for g in second for c in g.completions
     ]
@@ -125,8 +125,8 @@ def test_each_request_comes_back_when_it_is_done_not_with_the_others(
 ) -> None:
     """A short request submitted after a long one is handed back first, and on its own."""
     ids = tokenizer("12+34=")["input_ids"]
-    vllm_engine.submit("long", ids, group_size=8, max_tokens=100, temperature=1.0, seed=3)
-    vllm_engine.submit("short", ids, group_size=8, max_tokens=1, temperature=1.0, seed=3)
+    vllm_engine.submit("long", ids, group_size=8, sampling=Sampling(max_tokens=100, seed=3))
+    vllm_engine.submit("short", ids, group_size=8, sampling=Sampling(max_tokens=1, seed=3))
     order: list[Any] = []
     deadline = time.monotonic() + 120
     while len(order) < 2 and time.monotonic() < deadline:
@@ -154,11 +154,11 @@ def test_the_capacity_is_max_num_seqs_unless_the_kv_cache_holds_fewer_sequences(
 def test_vllm_load_weights_applies_the_new_weights_and_sets_version(
     vllm_engine: Any, reference: Any
 ) -> None:
-    before = vllm_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    before = vllm_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     new = perturbed_copy(reference, seed=3)
     target = vllm_engine.version + 5
     vllm_engine.load_weights(new.named_parameters(), version=target)
-    after = vllm_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    after = vllm_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     assert vllm_engine.version == target
     assert first_logprobs(before) != first_logprobs(after)
     assert max_logprob_error(after, new) < TOLERANCE
@@ -169,14 +169,14 @@ def test_a_version_that_does_not_fit_the_model_is_refused_before_vllm(
     vllm_engine: Any, reference: Any
 ) -> None:
     held = vllm_engine.version
-    before = vllm_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    before = vllm_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     named = [(n, p.detach().clone()) for n, p in reference.named_parameters()]
     named[3] = (named[3][0], torch.zeros(7))
     with pytest.raises(ValueError, match=rf"{named[3][0]}.* has shape \(7,\)"):
         vllm_engine.load_weights(named, version=held + 1)
     with pytest.raises(ValueError, match="incomplete"):
         vllm_engine.load_weights(named[:3], version=held + 1)
-    after = vllm_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    after = vllm_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     assert vllm_engine.version == held
     assert first_logprobs(after) == first_logprobs(before)
 
@@ -190,7 +190,7 @@ def test_update_from_server_fetches_once_and_applies_the_published_weights(
     # all names, the tied lm_head included: the server sends the shared tensor once
     server.publish(target, new.named_parameters(remove_duplicate=False))
     assert vllm_engine.update_from_server(server.addresses["weights"], -1) == target
-    after = vllm_engine.generate(PROMPTS, group_size=2, max_tokens=4, temperature=1.0, seed=0)
+    after = vllm_engine.generate(PROMPTS, group_size=2, sampling=Sampling(max_tokens=4, seed=0))
     assert vllm_engine.version == target
     assert max_logprob_error(after, new) < TOLERANCE
     # one network fetch for the generator, however many workers vLLM runs
@@ -270,7 +270,7 @@ def test_an_update_that_fails_inside_vllm_is_refused_refetched_and_applied_whole
         Path(broken[0]).unlink(missing_ok=True)
     assert vllm_engine.updater.refused == refused + 1
     assert server.served == 2  # fetched again, in full
-    after = vllm_engine.generate(PROMPTS, group_size=4, max_tokens=8, temperature=1.0, seed=2)
+    after = vllm_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=8, seed=2))
     assert max_logprob_error(after, new) < TOLERANCE
 
 
@@ -280,8 +280,8 @@ def test_an_update_that_fails_inside_vllm_is_refused_refetched_and_applied_whole
 def _update_while_running(engine: Any, tokenizer: Any, new: Any, version: int) -> list[Any]:
     """Submit long requests, apply `new` as `version` while they run; their groups."""
     for i, prompt in enumerate(PROMPTS):
-        engine.submit(("run", i), tokenizer(prompt)["input_ids"], group_size=4,
-                      max_tokens=100, temperature=1.0, seed=10 + i)  # fmt: skip
+        ids = tokenizer(prompt)["input_ids"]
+        engine.submit(("run", i), ids, group_size=4, sampling=Sampling(100, seed=10 + i))
     time.sleep(0.15)  # let them start
     engine.load_weights(new.named_parameters(), version=version)
     got: list[Any] = []

@@ -23,7 +23,7 @@ from grpo_stream.config.envs import EnvSettings
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.envs.episodes import Episode
 from grpo_stream.protocols import messages as m
-from grpo_stream.sampling import Completion
+from grpo_stream.sampling import Completion, Sampling
 
 pytestmark = pytest.mark.gpu
 
@@ -63,8 +63,8 @@ class Recorder:
     engine: Any
     calls: list[tuple[list[list[int]], list[Completion], list[int]]] = field(default_factory=list)
 
-    def complete(self, rows: list[list[int]], *args: Any, **kwargs: Any) -> list[Completion]:
-        got: list[Completion] = self.engine.complete(rows, *args, **kwargs)
+    def complete(self, rows: list[list[int]], sampling: Sampling) -> list[Completion]:
+        got: list[Completion] = self.engine.complete(rows, sampling)
         self.calls.append(([list(r) for r in rows], got, list(self.engine.last_cached_tokens)))
         return got
 
@@ -85,7 +85,7 @@ def played(vllm_engine: Any) -> tuple[Recorder, list[Episode]]:
     )  # fmt: skip
     try:
         with EpisodePlayer(settings, recorder, vllm_engine.tokenizer, chat=False) as player:
-            (episodes,) = player.play(batch, seed=11)
+            (episodes,) = player.play(batch, Sampling.of(batch.sampling, seed=11))
     finally:
         mp.undo()
     return recorder, episodes
@@ -169,18 +169,18 @@ def test_vllm_weight_update_empties_the_prefix_cache(vllm_engine: Any) -> None:
     from grpo_stream.models.loading import load_policy
 
     row = vllm_engine.tokenizer(PROMPT)["input_ids"] * 2  # 2 full blocks and a bit
-    vllm_engine.complete([row], 2, 1.0, seed=0)
-    vllm_engine.complete([row], 2, 1.0, seed=0)
+    vllm_engine.complete([row], Sampling(2, seed=0))
+    vllm_engine.complete([row], Sampling(2, seed=0))
     warm = vllm_engine.last_cached_tokens
     model = load_policy(MODEL, dtype="float32", trainable=False)
     vllm_engine.load_weights(model.named_parameters(), version=3)
-    vllm_engine.complete([row], 2, 1.0, seed=0)
+    vllm_engine.complete([row], Sampling(2, seed=0))
     assert warm == [(len(row) - 1) // BLOCK * BLOCK] and vllm_engine.last_cached_tokens == [0]
 
 
 def test_vllm_complete_with_a_seed_is_deterministic(vllm_engine: Any) -> None:
     rows = [vllm_engine.tokenizer(PROMPT)["input_ids"], [1, 107, 121]]
-    first = vllm_engine.complete(rows, 4, 1.0, seed=5)
-    second = vllm_engine.complete(rows, 4, 1.0, seed=5)
+    first = vllm_engine.complete(rows, Sampling(4, seed=5))
+    second = vllm_engine.complete(rows, Sampling(4, seed=5))
     assert [c.token_ids for c in first] == [c.token_ids for c in second]
     assert all(len(c.logprobs) == len(c.token_ids) >= 1 for c in first)

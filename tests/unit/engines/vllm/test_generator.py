@@ -27,6 +27,7 @@ import torch
 from grpo_stream.config import RunConfig, config_from_dict
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols import messages as m
+from grpo_stream.sampling import Sampling
 from grpo_stream.services.generator import Generator
 from grpo_stream.session.service import Join, Session, StopFlag
 
@@ -240,11 +241,11 @@ def test_a_killed_vllm_worker_ends_the_requests_with_the_named_error(engine: Any
     from grpo_stream.engines.vllm.update import VLLMEngineDied
 
     ids = engine.encode(["12+34="])[0]
-    engine.submit("long", ids, group_size=8, max_tokens=120, temperature=1.0, seed=0)
+    engine.submit("long", ids, group_size=8, sampling=Sampling(max_tokens=120, seed=0))
     vllm_worker_of(os.getpid()).send_signal(signal.SIGKILL)
     with pytest.raises(VLLMEngineDied):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             engine.take_finished(timeout_s=0.5)
     with pytest.raises(VLLMEngineDied):  # and any later call says so too
-        engine.generate(["1+2="], group_size=2, max_tokens=4, temperature=1.0)
+        engine.generate(["1+2="], group_size=2, sampling=Sampling(max_tokens=4))

@@ -20,6 +20,7 @@ import torch
 
 from grpo_stream.config import GeneratorSettings, ModelSettings
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
+from grpo_stream.sampling import Sampling
 
 sys.path.insert(0, str(Path(__file__).parent))
 from vllm_checks import max_logprob_error, perturbed_copy
@@ -74,6 +75,6 @@ def test_two_workers_load_one_fetch_of_each_version(tp_engine: Any) -> None:
     finally:
         server.close()
         ctx.destroy(linger=0)
-    groups = tp_engine.generate(PROMPTS, group_size=4, max_tokens=8, temperature=1.0, seed=0)
+    groups = tp_engine.generate(PROMPTS, group_size=4, sampling=Sampling(max_tokens=8, seed=0))
     tolerance = 5e-2 if torch.cuda.is_available() else 1e-3
     assert max_logprob_error(groups, new) < tolerance
