@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_stream.jsonl import read_rows
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 EXTRA_METRICS = ("step_seconds", "trainer_wait_s", "staleness_mean")
@@ -163,8 +165,7 @@ def _number(value: Any) -> float:
 def series_from_metrics(name: str, path: Path, total_s: float = math.nan) -> StepSeries:
     """A StepSeries from a run's metrics.jsonl (one JSON row per trainer step)."""
     series = StepSeries(name=name, total_s=total_s)
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    for row in sorted(rows, key=lambda r: int(r["step"])):
+    for row in sorted(read_rows(path), key=lambda r: int(r["step"])):
         series.steps.append(int(row["step"]))
         series.wall_s.append(float(row["wall_time"]))
         series.rewards.append(_number(row.get("reward_mean")))

@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from grpo_stream.jsonl import JsonlTail, read_rows
+
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 CHILD_ENV = "GRPO_STREAM_CHILD_LOGGING"
 """How this service logs (JSON: service, instance, run_dir, level, console, console_json),
@@ -158,20 +160,8 @@ class LogRecord:
     event: dict[str, Any]
 
 
-def _read_file(path: Path, offset: int = 0) -> tuple[list[LogRecord], int]:
-    records = []
-    with path.open("rb") as fh:
-        fh.seek(offset)
-        data = fh.read()
-    end = data.rfind(b"\n") + 1  # only whole lines; a partial last line is read next time
-    for line in data[:end].splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            records.append(LogRecord(float(event.get("t", 0.0)), event))
-    return records, offset + end
+def _records(events: list[dict[str, Any]]) -> list[LogRecord]:
+    return [LogRecord(float(event.get("t", 0.0)), event) for event in events]
 
 
 def _keep(event: dict[str, Any], service: str | None, level: str | None) -> bool:
@@ -186,7 +176,7 @@ def merge_logs(
     """All events of RUN_DIR/logs/*.jsonl in time order, filtered by service and minimum level."""
     records: list[LogRecord] = []
     for path in sorted((Path(run_dir) / "logs").glob("*.jsonl")):
-        records.extend(_read_file(path)[0])
+        records.extend(_records(read_rows(path)))
     records.sort(key=lambda r: r.t)
     return [r.event for r in records if _keep(r.event, service, level)]
 
@@ -195,12 +185,11 @@ def follow_logs(
     run_dir: Path, service: str | None = None, level: str | None = None, poll_s: float = 0.5
 ) -> Iterator[dict[str, Any]]:
     """Yield new events as services write them (merged per poll, in time order)."""
-    offsets: dict[Path, int] = {}
+    tails: dict[Path, JsonlTail] = {}
     while True:
         batch: list[LogRecord] = []
         for path in sorted((Path(run_dir) / "logs").glob("*.jsonl")):
-            recs, offsets[path] = _read_file(path, offsets.get(path, 0))
-            batch.extend(recs)
+            batch.extend(_records(tails.setdefault(path, JsonlTail(path)).read()))
         batch.sort(key=lambda r: r.t)
         for rec in batch:
             if _keep(rec.event, service, level):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_stream.dashboard.tail import JsonlTail
+from grpo_stream.jsonl import JsonlTail
 from grpo_stream.training import samples
 
 CHART_KEYS = (

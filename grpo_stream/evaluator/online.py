@@ -22,6 +22,7 @@ from grpo_stream.agents.player import AgentPlayer
 from grpo_stream.config.tasks import RewardSpec, TaskSettings
 from grpo_stream.evaluation import GREEDY_TOP_P, Sample, Tally, score_group
 from grpo_stream.evaluator.agents import evaluate_agent
+from grpo_stream.jsonl import read_rows
 from grpo_stream.rewards import RewardFn, load_reward, reward_specs
 from grpo_stream.sampling import Sampling
 from grpo_stream.tasks import Problem, Task, TaskDataError, make_eval_task, make_task
@@ -166,14 +167,6 @@ class OnlineEval:
 
 
 def read_eval(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of RUN_DIR/eval.jsonl (none when the run did not evaluate)."""
-    path = Path(run_dir) / EVAL_FILE
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written
-    return rows
+    """The rows of RUN_DIR/eval.jsonl (none when the run did not evaluate), safe on a live
+    run (`grpo_stream.jsonl`)."""
+    return read_rows(Path(run_dir) / EVAL_FILE)

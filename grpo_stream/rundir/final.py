@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_stream.jsonl import last_row
 from grpo_stream.rundir.outcome import read_outcome
 
 SHOWN_METRICS = ("reward_mean", "pass_rate", "kl", "loss", "grad_norm", "policy_version")
@@ -36,7 +37,7 @@ class FinalState:
 
 def final_state(run_dir: Path) -> dict[str, Any]:
     """The run's final state, as a JSON-ready object."""
-    last = _last_metrics(run_dir)
+    last = last_row(run_dir / "metrics.jsonl") or {}
     steps = int(last.get("step", 0)) if last else 0
     outcome = read_outcome(run_dir)
     if outcome is None:
@@ -99,24 +100,6 @@ def complete_steps(run_dir: Path) -> list[int]:
 
 def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _last_metrics(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    with path.open("rb") as fh:
-        fh.seek(0, 2)
-        fh.seek(max(0, fh.tell() - 65536))
-        tail = fh.read().splitlines()
-    for line in reversed(tail):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a partial last line, or the cut first line of the tail
-        if isinstance(row, dict):
-            return row
-    return {}
 
 
 def final_counters(run_dir: Path) -> dict[str, int]:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from grpo_stream.jsonl import read_rows
 from grpo_stream.protocols.messages import StepStats
 
 REQUIRED = (
@@ -85,13 +86,5 @@ def _clean(value: Any) -> Any:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """The rows of RUN_DIR/metrics.jsonl, safe on a live run (`grpo_stream.jsonl`)."""
+    return read_rows(Path(run_dir) / "metrics.jsonl")

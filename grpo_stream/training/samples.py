@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from grpo_stream.jsonl import read_rows
 from grpo_stream.protocols.messages import TrainBatch
 from grpo_stream.training.sinks import Sink
 
@@ -109,19 +110,7 @@ class CompletionLog:
 def read_samples(run_dir: Path) -> list[dict[str, Any]]:
     """Every sample logged in a run directory (none when the file is absent).
 
-    Safe on a live run: a last line without its newline (the trainer mid-write) is left
-    for the next read, and a line that does not parse (a trainer killed mid-line, then
-    resumed) is skipped, so the rows read are always whole samples in file order."""
-    try:
-        text = (Path(run_dir) / FILE).read_text()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for line in text[: text.rfind("\n") + 1].splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    Safe on a live run (`grpo_stream.jsonl`): a last line the trainer is still writing is
+    not read, and a line that does not parse (a trainer killed mid-line, then resumed) is
+    skipped, so the rows read are always whole samples in file order."""
+    return read_rows(Path(run_dir) / FILE)

@@ -6,13 +6,16 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from grpo_stream.cli.main import app
-from grpo_stream.logs import CHILD_ENV, merge_logs, setup_logging
+from grpo_stream.logs import CHILD_ENV, follow_logs, merge_logs, setup_logging
 
 CHILD = """
 import logging, structlog
@@ -61,6 +64,25 @@ def test_partial_last_line_is_skipped(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "a.jsonl").write_text('{"t": 1, "event": "ok"}\n{"t": 2, "ev')
     assert [e["event"] for e in merge_logs(tmp_path)] == ["ok"]
+
+
+def _next_within(events: Iterator[dict[str, Any]], seconds: float) -> dict[str, Any] | None:
+    """The generator's next event, or None when none came within `seconds`."""
+    got: list[dict[str, Any]] = []
+    thread = threading.Thread(target=lambda: got.append(next(events)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return got[0] if got else None
+
+
+def test_following_a_log_rewritten_shorter_reads_it_again_from_its_top(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    path = tmp_path / "logs" / "a.jsonl"
+    _write(path, [{"t": float(i), "event": f"old{i}"} for i in range(5)])
+    events = follow_logs(tmp_path, poll_s=0.01)
+    assert [_next_within(events, 10.0) for _ in range(5)][-1] == {"t": 4.0, "event": "old4"}
+    _write(path, [{"t": 9.0, "event": "new"}])  # a resumed service's fresh file
+    assert _next_within(events, 10.0) == {"t": 9.0, "event": "new"}
 
 
 def test_logs_command_prints_merged_json(tmp_path: Path) -> None:

@@ -36,3 +36,8 @@ def test_generator_rates_that_do_not_match_their_names_are_an_error() -> None:
     stats = replace(step_stats_example(), gen_tokens_per_s=[1.0])
     with pytest.raises(ValueError):
         hub_columns(stats)
+
+
+def test_read_metrics_returns_the_object_rows_only(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n[2]\n3\n{"step": 4}\n{"step": 5, "lo')
+    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 4}]

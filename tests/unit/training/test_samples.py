@@ -103,3 +103,11 @@ def test_a_live_read_leaves_a_torn_last_line_and_skips_a_broken_one(tmp_path: Pa
         (1, "3"),
         (3, "3"),  # the first line after the torn one is lost with it
     ]
+
+
+def test_a_whole_last_sample_is_read_before_its_newline_arrives(tmp_path: Path) -> None:
+    log = CompletionLog(tmp_path, every=1, prompts=1)
+    log.write(batch_samples(build_batch(1, GROUPS), TOKENIZER, 1, 1), [])
+    text = log.path.read_text()
+    log.path.write_text(text.removesuffix("\n"))  # the newline is the last byte written
+    assert [r["completion"] for r in read_samples(tmp_path)] == ["2", "3"]
