@@ -1,8 +1,8 @@
 """The worker side of the agent sandbox: a process running user agents on an event loop.
 
-Runs in a process forked from multiprocessing's fork server on the reward workers' core
-(`rewards.sandbox_worker.serve`: SIGINT ignored, death with its parent, address space capped
-at its size after loading plus env.memory_limit_mb). Loading imports the agent function and
+Runs in a sandbox worker (`grpo_stream.sandbox.worker.serve`: forked from the fork server,
+SIGINT ignored, death with its parent, address space capped at its size after loading plus
+env.memory_limit_mb). Loading imports the agent function and
 the client library. Messages (msgpack):
 
     parent -> worker  ["run", [[key, base_url, task], ...], cpu_seconds]   a batch
@@ -33,7 +33,7 @@ from typing import Any
 from grpo_stream.agents.client import AgentFn, Endpoint, load_agent
 from grpo_stream.agents.openai_api import chat_response, completion_response, token_logprobs
 from grpo_stream.agents.toolcalls import ToolCall
-from grpo_stream.rewards.sandbox_worker import _short, pack, serve, unpack
+from grpo_stream.sandbox.worker import Handler, pack, short, unpack
 
 API_KEY = "grpo-stream"
 """What clients send as their key (the episode's secret is in its URL)."""
@@ -157,7 +157,7 @@ class Runner:
                 if isinstance(exc, MemoryError)
                 else (f"agent raised {type(exc).__name__}: {exc}")
             )
-            reply = ["error", key, _short(cause)]
+            reply = ["error", key, short(cause)]
         else:
             reward, why = check_reward(task.result())
             reply = ["done", key, reward] if why is None else ["error", key, why]
@@ -176,13 +176,10 @@ def _raise_cpu_limit(seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
 
 
-def worker_main(conn: Connection, settings: dict[str, Any], sys_path: list[str]) -> None:
-    """Entry point: load the agent and its client library, then run batches (`serve`)."""
-
-    def load() -> Callable[[list[Any]], None]:
-        fn = load_agent(str(settings["agent"]))
-        client = client_factory(str(settings["agent_client"]))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a SIGXCPU death writes no core
-        return Runner(conn, fn, client, asyncio.new_event_loop()).handle
-
-    serve(conn, sys_path, int(settings["memory_limit_mb"]), load)
+def load(conn: Connection, settings: dict[str, Any]) -> Handler:
+    """An agent worker's code (`grpo_stream.sandbox.worker.serve` calls it): the agent and
+    its client library, and the handler that runs batches."""
+    fn = load_agent(str(settings["agent"]))
+    client = client_factory(str(settings["agent_client"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a SIGXCPU death writes no core
+    return Runner(conn, fn, client, asyncio.new_event_loop()).handle

@@ -7,8 +7,9 @@ hops and a hub lease in every turn of every episode, and episodes would need a n
 hub state (a half-played episode held by two services). A worker pipe next to the engine costs
 microseconds, and an episode stays one unit of work from the hub's point of view: one
 PromptBatch out, one Rollout back, with the environment's rewards inside (the hub then needs
-no scorer for it). The isolation is the reward sandbox's: same fork server, same address-space
-cap, same SIGKILL on a timeout; the generator process never runs environment code.
+no scorer for it). The isolation is the reward sandbox's (`grpo_stream.sandbox`): same fork
+server, same address-space cap, same SIGKILL on a timeout; the generator process never runs
+environment code.
 
 Invariants:
 - every call (`reset`, `step`) yields a result or an error line for its episode; an
@@ -22,29 +23,25 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import math
-import multiprocessing
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import wait
 from typing import Any
 
 import structlog
 
 from grpo_stream.config.envs import EnvSettings
+from grpo_stream.envs import worker
 from grpo_stream.envs.base import Step
-from grpo_stream.envs.worker import worker_main
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.rewards.sandbox_worker import pack, unpack
+from grpo_stream.sandbox.pool import BAD_REPLY, Worker, WorkerCode, WorkerPool
+from grpo_stream.sandbox.worker import Handler
 
 log = structlog.get_logger()
 
-STARTUP_TIMEOUT_S = 60.0
 _MAX_REPLY_BYTES = 1 << 20  # an observation is text: a megabyte is far past any budget
-_STOP_GRACE_S = 1.0
 
 
 class EnvPoolError(RuntimeError):
@@ -59,11 +56,8 @@ class Answer:
     error: str | None = None
 
 
-@dataclass
-class _Worker:
-    slot: int
-    proc: multiprocessing.process.BaseProcess
-    conn: Connection
+@dataclass(eq=False)
+class _Worker(Worker):
     keys: set[int] = field(default_factory=set)  # live episodes held
 
 
@@ -72,9 +66,9 @@ class EnvPool:
 
     def __init__(self, settings: EnvSettings) -> None:
         self.settings = settings
-        self._ctx = multiprocessing.get_context("forkserver")
-        self._workers: list[_Worker] = []
-        self.restarts = 0
+        code = env_code("env", worker.load, settings, f"env.name = {settings.name!r}")
+        code = replace(code, preload=(__name__, worker.__name__), max_reply_bytes=_MAX_REPLY_BYTES)
+        self._pool = WorkerPool(code, settings.workers, _Worker)
         self.warn = RateLimit()  # a broken environment fails every episode: fold the events
 
     def __enter__(self) -> EnvPool:
@@ -86,35 +80,20 @@ class EnvPool:
 
     def start(self) -> None:
         """Start the workers and wait until each has loaded the environment."""
-        self._ctx.set_forkserver_preload([__name__, "grpo_stream.envs.worker"])
-        try:
-            self._workers = [self._spawn(slot) for slot in range(self.settings.workers)]
-        except BaseException:
-            self.close()
-            raise
+        self._pool.start()
         log.info("env.pool_started", env=self.settings.name, workers=self.settings.workers)
-
-    def _spawn(self, slot: int) -> _Worker:
-        proc, conn = start_worker(
-            self._ctx, worker_main, (self.settings.model_dump(mode="json"), list(sys.path)),
-            f"env-worker-{slot}", f"env.name = {self.settings.name!r}",
-        )  # fmt: skip
-        return _Worker(slot, proc, conn)
 
     def close(self) -> None:
         """Stop every worker (SIGKILL after a grace period). Idempotent."""
-        for w in self._workers:
-            with contextlib.suppress(OSError):
-                w.conn.send_bytes(pack(["stop"]))
-        end = time.monotonic() + _STOP_GRACE_S
-        for w in self._workers:
-            w.proc.join(max(0.0, end - time.monotonic()))
-            kill_worker(w.proc)
-            w.conn.close()
-        self._workers = []
+        self._pool.close()
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced so far."""
+        return self._pool.restarts
 
     def worker_pids(self) -> list[int]:
-        return [w.proc.pid for w in self._workers if w.proc.pid is not None]
+        return self._pool.pids()
 
     # -- calls
 
@@ -128,44 +107,40 @@ class EnvPool:
 
     def drop(self, keys: list[int]) -> None:
         """Forget the environments of episodes that ended outside the environment's say."""
-        for w in self._workers:
+        for w in self._pool.workers:
             mine = [k for k in keys if k in w.keys]
             w.keys.difference_update(mine)
             if mine:
-                with contextlib.suppress(OSError):
-                    w.conn.send_bytes(pack(["drop", mine]))
+                w.send(["drop", mine])
 
     def _run(self, calls: dict[int, list[Any]]) -> dict[int, Answer]:
-        if not self._workers:
+        workers = self._pool.workers
+        if not workers:
             raise EnvPoolError("EnvPool is not started (call start() or use `with`)")
         answers: dict[int, Answer] = {}
         pending: dict[int, list[int]] = {}  # slot -> keys awaiting an answer, in call order
         for key, call in calls.items():
-            w = self._workers[key % len(self._workers)]
+            w = workers[key % len(workers)]
             pending.setdefault(w.slot, []).append(key)
             if call[0] == "reset":
                 w.keys.add(key)
         for slot, keys in pending.items():
-            self._send(self._workers[slot], [calls[k] for k in keys], keys, answers)
-        deadline = {s: time.monotonic() + self.settings.timeout_s for s in pending}
+            self._send(workers[slot], [calls[k] for k in keys], keys, answers)
         while any(pending.values()):
-            self._wait(pending, deadline, answers)
+            self._wait(pending, answers)
         return answers
 
     def _send(
         self, w: _Worker, calls: list[list[Any]], keys: list[int], answers: dict[int, Answer]
     ) -> None:
-        try:
-            w.conn.send_bytes(pack(["calls", calls]))
-        except OSError:  # the worker died since its last call
+        w.deadline = time.monotonic() + self.settings.timeout_s
+        if not w.send(["calls", calls]):  # the worker died since its last call
             self._replace(w, keys, "environment worker died", answers)
             keys.clear()
 
-    def _wait(
-        self, pending: dict[int, list[int]], deadline: dict[int, float], answers: dict[int, Answer]
-    ) -> None:
-        live = [self._workers[s] for s, keys in pending.items() if keys]
-        timeout = max(0.0, min(deadline[w.slot] for w in live) - time.monotonic())
+    def _wait(self, pending: dict[int, list[int]], answers: dict[int, Answer]) -> None:
+        live = [self._pool.workers[s] for s, keys in pending.items() if keys]
+        timeout = max(0.0, min(w.deadline for w in live) - time.monotonic())
         ready = wait([w.conn for w in live], timeout)
         now = time.monotonic()
         for w in live:
@@ -180,8 +155,8 @@ class EnvPool:
                 answers[key] = _answer(reply)
                 if answers[key].error is not None or (answers[key].step or Step()).done:
                     w.keys.discard(key)
-                deadline[w.slot] = now + self.settings.timeout_s
-            elif now >= deadline[w.slot]:
+                w.deadline = now + self.settings.timeout_s if keys else math.inf
+            elif now >= w.deadline:
                 cause = f"environment call exceeded env.timeout_s={self.settings.timeout_s}"
                 answers[keys[0]] = Answer(None, cause)
                 w.keys.discard(keys[0])
@@ -190,8 +165,8 @@ class EnvPool:
 
     def _receive(self, w: _Worker) -> list[Any] | None:
         try:
-            reply = unpack(w.conn.recv_bytes(_MAX_REPLY_BYTES))
-        except (EOFError, OSError, ValueError):
+            reply = self._pool.receive(w)
+        except BAD_REPLY:
             return None
         ok = isinstance(reply, list) and len(reply) >= 3 and reply[0] in ("ok", "error")
         return reply if ok else None
@@ -202,11 +177,22 @@ class EnvPool:
         fresh worker holds no environment for them)."""
         for key in keys:
             answers[key] = Answer(None, cause)
-        kill_worker(w.proc)
-        w.conn.close()
-        self.restarts += 1
-        log.warning("env.worker_replaced", slot=w.slot, cause=cause, episodes_lost=len(w.keys))
-        self._workers[w.slot] = self._spawn(w.slot)
+        self._pool.replace(w, cause, episodes_lost=len(w.keys))
+
+
+def env_code(
+    kind: str, load: Callable[..., Handler], settings: EnvSettings, setting: str
+) -> WorkerCode:
+    """The code of a sandbox the generator owns (environments, agents): `load` run on the
+    run's env settings, within env.memory_limit_mb, EnvPoolError naming `setting`."""
+    return WorkerCode(
+        kind=kind,
+        load=load,
+        args=(settings.model_dump(mode="json"),),
+        memory_limit_mb=settings.memory_limit_mb,
+        setting=setting,
+        error=EnvPoolError,
+    )
 
 
 def _answer(reply: list[Any]) -> Answer:
@@ -219,32 +205,3 @@ def _answer(reply: list[Any]) -> Answer:
     if not math.isfinite(value):
         return Answer(None, f"non-finite reward {value}")
     return Answer(Step(observation, value, done))
-
-
-def start_worker(
-    ctx: Any, target: Callable[..., None], args: tuple[Any, ...], name: str, setting: str
-) -> tuple[multiprocessing.process.BaseProcess, Connection]:
-    """Start a sandbox worker `target(conn, *args)` and wait for its `["ready"]` (the
-    `serve` handshake); EnvPoolError naming `setting` when it does not load or start."""
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(child, *args), daemon=True, name=name)
-    proc.start()
-    child.close()
-    if not parent.poll(STARTUP_TIMEOUT_S):
-        kill_worker(proc)
-        raise EnvPoolError(f"{name} did not start within {STARTUP_TIMEOUT_S} s")
-    try:
-        first = unpack(parent.recv_bytes(_MAX_REPLY_BYTES))
-    except (EOFError, OSError):
-        kill_worker(proc)
-        raise EnvPoolError(f"{name} exited while loading {setting}") from None
-    if first[0] != "ready":
-        kill_worker(proc)
-        raise EnvPoolError(f"{setting} does not load: {first[1]}")
-    return proc, parent
-
-
-def kill_worker(proc: multiprocessing.process.BaseProcess) -> None:
-    if proc.is_alive():
-        proc.kill()
-    proc.join(5.0)

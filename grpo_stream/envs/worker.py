@@ -1,10 +1,9 @@
 """The worker side of the environment sandbox: a process holding the environments of the
 episodes assigned to it, answering reset/step calls over a pipe of msgpack messages.
 
-Runs in a process forked from multiprocessing's fork server (see `sandbox.py`) on the
-reward workers' core (`rewards.sandbox_worker.serve`): it ignores SIGINT, dies with its
-parent, and caps its address space after loading. Every call is answered by exactly one
-reply, in order:
+Runs in a sandbox worker (`grpo_stream.sandbox.worker.serve`): forked from the fork server,
+it ignores SIGINT, dies with its parent, and caps its address space after loading. Every
+call is answered by exactly one reply, in order:
 `["ok", key, observation, reward, done]` or `["error", key, cause]`.
 """
 
@@ -19,7 +18,7 @@ from typing import Any
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.base import Environment, Step
 from grpo_stream.envs.registry import env_factory
-from grpo_stream.rewards.sandbox_worker import _short, pack, serve
+from grpo_stream.sandbox.worker import Handler, pack, short
 
 Reply = list[Any]
 
@@ -53,7 +52,7 @@ class Held:
         except MemoryError:
             return ["error", key, "memory limit"]
         except BaseException as exc:  # an environment may raise anything
-            return ["error", key, _short(f"reset raised {type(exc).__name__}: {exc}")]
+            return ["error", key, short(f"reset raised {type(exc).__name__}: {exc}")]
         self.envs[key] = env
         return ["ok", key, "", 0.0, False]
 
@@ -67,7 +66,7 @@ class Held:
         except MemoryError:
             result, bad = None, "memory limit"
         except BaseException as exc:  # an environment may raise anything
-            result, bad = None, _short(f"step raised {type(exc).__name__}: {exc}")
+            result, bad = None, short(f"step raised {type(exc).__name__}: {exc}")
         else:
             bad = check_step(result)
         if bad is not None or not isinstance(result, Step):
@@ -78,22 +77,18 @@ class Held:
         return ["ok", key, result.observation, float(result.reward), result.done]
 
 
-def worker_main(conn: Connection, settings: dict[str, Any], sys_path: list[str]) -> None:
-    """Entry point: load the environment class, then answer calls (the reward sandbox's
-    worker core, `grpo_stream.rewards.sandbox_worker.serve`)."""
+def load(conn: Connection, settings: dict[str, Any]) -> Handler:
+    """An environment worker's code (`grpo_stream.sandbox.worker.serve` calls it): the
+    environment class, and the handler that answers calls."""
+    held = Held(env_factory(EnvSettings.model_validate(settings)))
 
-    def load() -> Callable[[list[Any]], None]:
-        held = Held(env_factory(EnvSettings.model_validate(settings)))
+    def handle(message: list[Any]) -> None:
+        if message[0] == "drop":
+            for key in message[1]:
+                held.envs.pop(int(key), None)
+            return
+        for call in message[1]:  # ["reset", key, prompt, reference] | ["step", key, action]
+            reply = held.reset(*call[1:]) if call[0] == "reset" else held.step(*call[1:])
+            conn.send_bytes(pack(reply))
 
-        def handle(message: list[Any]) -> None:
-            if message[0] == "drop":
-                for key in message[1]:
-                    held.envs.pop(int(key), None)
-                return
-            for call in message[1]:  # ["reset", key, prompt, reference] | ["step", key, action]
-                reply = held.reset(*call[1:]) if call[0] == "reset" else held.step(*call[1:])
-                conn.send_bytes(pack(reply))
-
-        return handle
-
-    serve(conn, sys_path, int(settings["memory_limit_mb"]), load)
+    return handle

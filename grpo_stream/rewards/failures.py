@@ -25,10 +25,10 @@ from typing import Any
 import structlog
 
 from grpo_stream.ratelimit import RateLimit
+from grpo_stream.sandbox.worker import short
 
 log = structlog.get_logger()
 
-MAX_CAUSE_CHARS = 200
 MAX_TRACE_CHARS = 4000
 """The traceback's last this many characters travel (its innermost frames and the error)."""
 _PACKAGE_DIRS = {"site-packages", "dist-packages"}
@@ -41,12 +41,6 @@ class Raised:
     cause: str  # one line: "raised Type: message (file:line in function)"
     key: str  # the same for every call failing the same way: "Type@file:line"
     trace: str  # traceback text from the reward's frame down
-
-
-def short(text: str, limit: int = MAX_CAUSE_CHARS) -> str:
-    """`text` on one line, cut to `limit` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def describe(exc: BaseException, skip: int = 1) -> Raised:

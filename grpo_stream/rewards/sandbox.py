@@ -19,14 +19,13 @@ The verdict cache: a completion that repeats within a group runs once per compon
 value given to every copy (`calls.GroupCalls`); nothing is kept across groups, so a cache
 never crosses references, requests or runs.
 
-Processes. Workers fork from multiprocessing's fork server: a clean single-threaded process,
-never the parent that holds threads and ZeroMQ contexts. They get the parent's `sys.path` at
-`start()`, load the reward functions once, then cap their address space (RLIMIT_AS) at its size
-after loading plus `memory_limit_mb`: beyond that an allocation raises MemoryError (the call
-fails with "memory limit" and the worker is replaced) or kills the worker. Workers are daemonic
-(a reward cannot start multiprocessing children) and die with the fork server (Linux
-PR_SET_PDEATHSIG), which exits when the parent dies: no orphan spins on. This isolates faults,
-not adversaries: workers run as the same user.
+Processes: the sandbox's (`grpo_stream.sandbox.pool`: fork server, the parent's `sys.path`,
+daemonic workers that die with their parent, start, replacement and shutdown). Workers load the
+reward functions once, then cap their address space (RLIMIT_AS) at its size after loading plus
+`memory_limit_mb`: beyond that an allocation raises MemoryError (the call fails with "memory
+limit" and the worker is replaced) or kills the worker. A replacement loads while the other
+workers serve; one that cannot load breaks the pool (RewardPoolError). A replaced worker's CPU
+time, as it last reported it, stays counted (`cpu_s`).
 
 Batching. A group's calls (every component on every distinct completion) go to one worker in
 one message, unless workers would idle: then they are cut into as many chunks as there are
@@ -44,36 +43,29 @@ The pool is not thread-safe: one caller at a time.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import multiprocessing
-import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
-import msgpack
 import numpy as np
 import structlog
 
 from grpo_stream.config.tasks import RewardSpec
+from grpo_stream.rewards import sandbox_worker
 from grpo_stream.rewards.calls import Call, Chunk, GroupCalls, ScoreResult
 from grpo_stream.rewards.failures import FailureLog
 from grpo_stream.rewards.sandbox_worker import FLUSH_S
-from grpo_stream.rewards.sandbox_worker import pack as _pack
-from grpo_stream.rewards.sandbox_worker import unpack as _unpack
-from grpo_stream.rewards.sandbox_worker import worker_main as _worker_main
+from grpo_stream.sandbox.pool import BAD_REPLY, STOP_GRACE_S, Worker, WorkerCode, WorkerPool
+from grpo_stream.sandbox.worker import pack as _pack
 
 log = structlog.get_logger()
 
-STARTUP_TIMEOUT_S = 60.0
-"""A worker that has not loaded its reward functions within this time is an error."""
 _MAX_REPLY_BYTES = 1 << 20  # a reply: at most FLUSH_ITEMS results, each with a short cause
 # and at most one traceback of failures.MAX_TRACE_CHARS
-_STOP_GRACE_S = 1.0
 _WORKER_KINDS = frozenset({"raised", "non_finite", "not_a_number", "unparseable"})
 """Failures a worker survives ("unparseable": a judge's output held no score)."""
 
@@ -87,16 +79,10 @@ class RewardPoolError(RuntimeError):
 # ---------------------------------------------------------------- parent side
 
 
-@dataclass
-class _Worker:
-    slot: int
-    proc: multiprocessing.process.BaseProcess
-    conn: Connection
-    started_at: float
-    ready: bool = False
+@dataclass(eq=False)
+class _Worker(Worker):
     chunk: Chunk | None = None
     answered: int = 0  # calls of the chunk whose result came back
-    deadline: float = math.inf  # when the running call times out
     cpu_s: float = 0.0  # its CPU time since it loaded, as it last reported
 
 
@@ -121,15 +107,21 @@ class RewardPool:
         self._weights = np.array([spec.weight for spec in specs], dtype=np.float32)  # (C,)
         self._n_workers = workers
         self._timeout_s = timeout_s
-        self._memory_limit_mb = memory_limit_mb
-        self._ctx = multiprocessing.get_context("forkserver")
-        self._workers: list[_Worker] = []
-        self._sys_path: list[str] = []
+        self._log = log if logger is None else logger
+        code = WorkerCode(
+            kind="reward",
+            load=sandbox_worker.load,
+            args=([spec.model_dump() for spec in self._specs],),
+            memory_limit_mb=memory_limit_mb,
+            setting=f"task.rewards = {self._names!r}",
+            error=RewardPoolError,
+            preload=(__name__, sandbox_worker.__name__),
+            max_reply_bytes=_MAX_REPLY_BYTES,
+        )
+        self._pool = WorkerPool(code, workers, _Worker, logger=self._log)
         self._closed = False
         self._calls = 0
         self._failures: Counter[str] = Counter()
-        self._restarts = 0
-        self._log = log if logger is None else logger
         self._failure_log = FailureLog(self._log)  # one failing reward must not flood the log
         self._groups: dict[int, GroupCalls] = {}  # submitted, not collected, by ticket
         self._queue: deque[Chunk] = deque()
@@ -145,31 +137,17 @@ class RewardPool:
         """Start the workers and wait until each has loaded the reward functions."""
         if self._closed or self._workers:
             raise RewardPoolError("RewardPool.start() may be called once, before close()")
-        self._sys_path = list(sys.path)
-        # Fork server: a clean single-threaded process started once (no threads, no ZeroMQ
-        # context), from which each worker forks in milliseconds with this module preloaded.
-        # Without effect if the fork server already runs (workers then import it themselves).
-        self._ctx.set_forkserver_preload([__name__, "grpo_stream.rewards.sandbox_worker"])
-        try:
-            self._workers = [self._spawn(slot) for slot in range(self._n_workers)]
-            while not all(w.ready for w in self._workers):
-                self._wait_for_events(math.inf)
-        except BaseException:
-            self.close()
-            raise
+        self._pool.start()
         self._log.info("reward.pool_started", workers=self._n_workers, rewards=self._names)
 
     def close(self) -> None:
         """Stop every worker (SIGKILL after a grace period) and reap it. Idempotent."""
         self._closed = True
-        for w in self._workers:
-            with contextlib.suppress(OSError):  # already dead: reaped below
-                w.conn.send_bytes(_pack(["stop"]))
-        grace_end = time.monotonic() + _STOP_GRACE_S
-        for w in self._workers:
-            w.proc.join(max(0.0, grace_end - time.monotonic()))
-            self._reap(w)
-        self._workers = []
+        self._pool.close()
+
+    @property
+    def _workers(self) -> list[_Worker]:
+        return self._pool.workers
 
     def __enter__(self) -> RewardPool:
         self.start()
@@ -183,7 +161,7 @@ class RewardPool:
         return {
             "calls": self._calls,
             "failures": dict(self._failures),
-            "restarts": self._restarts,
+            "restarts": self._pool.restarts,
             "workers": self._n_workers,
         }
 
@@ -194,7 +172,7 @@ class RewardPool:
 
     def worker_pids(self) -> list[int]:
         """Pids of the current workers (for health reports; end processes by pid, never name)."""
-        return [w.proc.pid for w in self._workers if w.proc.pid is not None]
+        return self._pool.pids()
 
     # -- scoring
 
@@ -264,7 +242,7 @@ class RewardPool:
         happened."""
         now = time.monotonic()
         workers = list(self._workers)
-        deadlines = [w.deadline if w.ready else w.started_at + STARTUP_TIMEOUT_S for w in workers]
+        deadlines = [w.deadline for w in workers]  # a loading worker's: its startup's
         timeout = max(0.0, min([*deadlines, now + timeout_s]) - now)
         handles = [w.conn for w in workers] + [w.proc.sentinel for w in workers]
         wait(handles, None if math.isinf(timeout) else timeout)
@@ -276,32 +254,26 @@ class RewardPool:
             try:
                 if not w.conn.poll():
                     break
-                reply = _unpack(w.conn.recv_bytes(_MAX_REPLY_BYTES))
+                reply = self._pool.receive(w)
             except EOFError:  # the worker is gone; its sentinel fires as soon as it is reaped
-                w.proc.join(_STOP_GRACE_S)
+                w.proc.join(STOP_GRACE_S)
                 break
-            except (OSError, ValueError, msgpack.UnpackException):
+            except BAD_REPLY:
                 self._lost(w, "protocol", "worker sent a malformed reply")
                 return
             if not self._handle_reply(w, reply):
                 return  # the worker was replaced
         if not w.proc.is_alive():
             self._on_death(w)
-        elif not w.ready and time.monotonic() > w.started_at + STARTUP_TIMEOUT_S:
-            raise RewardPoolError(
-                f"reward worker did not load its rewards within {STARTUP_TIMEOUT_S:.0f}s "
-                "(grpo_stream.rewards.sandbox.STARTUP_TIMEOUT_S)"
-            )
+        elif not w.ready:
+            self._pool.check_loading(w)  # past its startup deadline: raises
         elif w.chunk is not None and time.monotonic() >= w.deadline:
             self._lost(w, "timeout", f"timeout after {self._timeout_s}s")
 
     def _handle_reply(self, w: _Worker, reply: Any) -> bool:
         """Apply one reply; False when the worker had to be replaced."""
-        if reply == ["ready"]:
-            w.ready = True
+        if self._pool.handshake(w, reply):  # a replacement has loaded (or raises)
             return True
-        if isinstance(reply, list) and len(reply) == 2 and reply[0] == "load_error":
-            raise RewardPoolError(f"reward functions failed to load in a worker: {reply[1]}")
         chunk = w.chunk
         ok = isinstance(reply, list) and len(reply) == 4 and reply[0] == "results"
         if not (ok and chunk is not None and reply[1] == w.answered):
@@ -348,10 +320,8 @@ class RewardPool:
         return True
 
     def _on_death(self, w: _Worker) -> None:
-        code = w.proc.exitcode
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        if not w.ready:
-            raise RewardPoolError(f"reward worker died while loading its rewards ({how})")
+        how = w.exit_cause()
+        self._pool.check_loading(w)  # died while loading: raises
         if w.chunk is None:
             self._replace(w, f"died while idle ({how})")
         else:
@@ -387,34 +357,6 @@ class RewardPool:
             self._finished.append(ticket)
             self.completions += group.values.shape[1]
 
-    # -- processes
-
-    def _spawn(self, slot: int) -> _Worker:
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        specs = [spec.model_dump() for spec in self._specs]
-        args = (child_conn, specs, self._sys_path, self._memory_limit_mb)
-        proc = self._ctx.Process(
-            target=_worker_main, args=args, name=f"reward-worker-{slot}", daemon=True
-        )
-        proc.start()
-        child_conn.close()  # the parent keeps only its end, so a dead worker reads as EOF
-        return _Worker(slot=slot, proc=proc, conn=parent_conn, started_at=time.monotonic())
-
     def _replace(self, w: _Worker, reason: str) -> None:
-        old_pid = w.proc.pid
-        self._cpu_banked += w.cpu_s
-        self._reap(w)
-        fresh = self._spawn(w.slot)
-        self._workers[self._workers.index(w)] = fresh
-        self._restarts += 1
-        self._log.info(
-            "reward.worker_restarted", slot=w.slot, old=old_pid, pid=fresh.proc.pid, why=reason
-        )
-
-    @staticmethod
-    def _reap(w: _Worker) -> None:
-        if w.proc.is_alive():
-            w.proc.kill()
-        w.proc.join()
-        w.proc.close()
-        w.conn.close()
+        self._cpu_banked += w.cpu_s  # its CPU time stays counted
+        self._pool.replace(w, reason, wait_ready=False)  # it loads while the others serve

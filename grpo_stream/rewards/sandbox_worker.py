@@ -10,33 +10,25 @@ that runs is the last reply plus FLUSH_S plus `timeout_s`), and a fast reward's 
 one message per chunk. `cpu_s` is the worker's CPU time since it loaded its rewards. A
 traceback travels with the first failure of each distinct (component, key) only.
 
-Runs in a process forked from multiprocessing's fork server (see `sandbox.py`). It ignores
-SIGINT (the pool decides when workers stop), dies with the fork server, and caps its own
-address space after loading, so a runaway reward fails its call or kills only this worker.
+Runs in a sandbox worker (`grpo_stream.sandbox.worker.serve`: forked from the fork server,
+SIGINT ignored, dead with its parent, address space capped after loading), so a runaway
+reward fails its call or kills only this worker.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import math
 import numbers
-import os
-import resource
-import signal
-import sys
 import time
 from collections.abc import Callable
-from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any, Protocol, runtime_checkable
 
-import msgpack
-
 from grpo_stream.config.tasks import RewardSpec
 from grpo_stream.rewards import load_reward
-from grpo_stream.rewards.failures import MAX_CAUSE_CHARS, describe, short
+from grpo_stream.rewards.failures import describe
 from grpo_stream.rewards.judge import Unparsed
+from grpo_stream.sandbox.worker import Handler, pack, short, unpack
 
 FLUSH_S = 0.05
 """A worker replies at least this often while it has results (and a call is not running)."""
@@ -59,43 +51,6 @@ class BatchReward(Protocol):
 
 def _load_rewards(specs: list[dict[str, Any]]) -> list[RewardFn]:
     return [load_reward(RewardSpec.model_validate(spec)) for spec in specs]
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this worker when the fork server dies, and let it die with the pool's owner.
-
-    multiprocessing hands each forked child the fork server's "alive" fd; the fork server exits
-    when every copy is closed. A worker that kept its copy would keep the fork server, and so
-    itself, alive after the owner died: close it (a daemonic worker never forks anyway).
-    """
-    server: Any = forkserver._forkserver
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-    if sys.platform != "linux":
-        return
-
-    parent, pr_set_pdeathsig = os.getppid(), 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _limit_address_space(memory_limit_mb: int) -> None:
-    """Cap the address space at its current size plus `memory_limit_mb`."""
-    baseline = 0
-    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as status:
-        sizes = [line.split()[1] for line in status if line.startswith("VmSize:")]
-        baseline = int(sizes[0]) * 1024 if sizes else 0
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = baseline + memory_limit_mb * 2**20
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-
-
-def _short(text: str) -> str:
-    return short(text, MAX_CAUSE_CHARS)
 
 
 def _call_one(fn: RewardFn, completion: str, prompt: str, reference: bytes) -> Item:
@@ -133,7 +88,7 @@ def _call_batch(
     out: list[Item] = []
     for value in values:
         if isinstance(value, Unparsed):  # a judge wrote no score: NaN, counted apart
-            cause = _short(f"no score in the judge's {value.text!r}")
+            cause = short(f"no score in the judge's {value.text!r}")
             out.append([None, "unparseable", cause, "", ""])
         elif not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
             out.append([None, "non_finite", f"returned {value!r}", "", ""])
@@ -142,46 +97,10 @@ def _call_batch(
     return out
 
 
-def serve(
-    conn: Connection,
-    sys_path: list[str],
-    memory_limit_mb: int,
-    load: Callable[[], Callable[[list[Any]], None]],
-) -> None:
-    """The worker core shared by the reward and environment sandboxes: ignore SIGINT, die
-    with the parent, take the parent's sys.path, `load()` the user code (a failure is one
-    `["load_error", cause]` and the worker exits), cap the address space, announce
-    `["ready"]`, then hand every message but `["stop"]` to the handler `load()` returned
-    (it sends its own replies on `conn`) until the pipe closes or the parent says stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
-    _die_with_parent()
-    sys.path[:] = sys_path
-    try:
-        handle = load()
-    except Exception as exc:
-        conn.send_bytes(pack(["load_error", _short(f"{type(exc).__name__}: {exc}")]))
-        return
-    _limit_address_space(memory_limit_mb)
-    conn.send_bytes(pack(["ready"]))
-    while True:
-        try:
-            message = unpack(conn.recv_bytes())
-        except EOFError:
-            return
-        if message[0] == "stop":
-            return
-        handle(message)
-
-
-def worker_main(
-    conn: Connection, specs: list[dict[str, Any]], sys_path: list[str], memory_limit_mb: int
-) -> None:
-    """Entry point of a reward worker: load the rewards, then run chunks (`serve`)."""
-
-    def load() -> Callable[[list[Any]], None]:
-        return _Chunks(conn, _load_rewards(specs)).run
-
-    serve(conn, sys_path, memory_limit_mb, load)
+def load(conn: Connection, specs: list[dict[str, Any]]) -> Handler:
+    """A reward worker's code (`grpo_stream.sandbox.worker.serve` calls it): the rewards of
+    `specs`, and the handler that runs chunks of calls with them."""
+    return _Chunks(conn, _load_rewards(specs)).run
 
 
 class _Chunks:
@@ -225,11 +144,3 @@ class _Chunks:
             return [*item[:4], ""]
         self.traced.add(key)
         return item
-
-
-def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
-
-
-def unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)

@@ -229,7 +229,7 @@ def test_failures_and_restarts_are_logged(make_pool):
     with capture_logs() as logs:
         pool.score("p", ["x", "boom"], {})
     failed = [e for e in logs if e["event"] == "reward.failed"]
-    restarted = [e for e in logs if e["event"] == "reward.worker_restarted"]
+    restarted = [e for e in logs if e["event"] == "reward.worker_replaced"]
     assert [(e["reward"], e["index"], e["cause"]) for e in failed] == [
         ("bad_rewards:exits", 1, "worker died (exit code 3)")
     ]
