@@ -4,7 +4,8 @@ Invariants:
 - it never holds more prompts than it asked for (credits);
 - a batch is generated with a policy version >= the batch's `min_version` (it waits for
   and applies that version first), and each Rollout says which version produced it;
-- weights are applied between batches, a whole version at a time; with
+- weights follow the trainer (`grpo_stream.engines.follower`, whose `VersionTracker` is the one
+  rule for "behind"): applied between batches, a whole version at a time; with
   generator.inflight_updates they are fetched on a thread and also swapped in between
   decoding steps (hf), and each Rollout then carries per-token version runs whose oldest is
   its policy_version;
@@ -19,32 +20,60 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import structlog
 
 from grpo_stream.config import RunConfig
 from grpo_stream.engines import Engine
+from grpo_stream.engines.follower import WeightsFollower
 from grpo_stream.engines.hf import HFEngine
-from grpo_stream.engines.inflight import InflightEngine
 from grpo_stream.engines.streaming import StreamingEngine
 from grpo_stream.envs.service import Player, episode_rollout
 from grpo_stream.hub.payloads.store import PayloadOutbox, Sender
 from grpo_stream.protocols import messages as m
-from grpo_stream.ratelimit import RateLimit
 from grpo_stream.sampling import GroupSample, Sampling
 from grpo_stream.services.credits import credit_window
 from grpo_stream.services.generator_stream import Hooks, StreamLoop
 from grpo_stream.services.rollouts import empty_rollout, group_rollout
 from grpo_stream.session.service import Session
-from grpo_stream.transport.errors import TransportError
-from grpo_stream.transport.fetch import WeightsWatcher
 
 log = structlog.get_logger()
-FETCH_BACKOFF_MAX_S = 30.0  # longest wait between two tries of a dead weight server
+
+
+@dataclass
+class Counters:
+    """What the generator has done, for its heartbeat's GeneratorStats."""
+
+    batches: int = 0
+    prompts_total: int = 0
+    tokens_total: int = 0
+    busy_s: float = 0.0  # generating
+    wait_s: float = 0.0  # with credits out and nothing to do
+
+    def add(self, prompts: int, tokens: int, seconds: float, batches: int) -> None:
+        self.batches += batches
+        self.prompts_total += prompts
+        self.tokens_total += tokens
+        self.busy_s += seconds
+
+    def stats(self, version: int) -> m.GeneratorStats:
+        # throughput while generating (idle time excluded): what this device can deliver
+        tokens_per_s = self.tokens_total / max(self.busy_s, 1e-9)
+        return m.GeneratorStats(
+            tokens_per_s=round(tokens_per_s, 2),
+            wait_s=round(self.wait_s, 3),
+            version=version,
+            batches=self.batches,
+            prompts_total=self.prompts_total,
+            busy_s=round(self.busy_s, 3),
+        )
 
 
 class Generator:
-    """One inference engine serving the hub."""
+    """One inference engine serving the hub: the queue of PromptBatches it was given, the
+    batch or streaming loop, and the Rollouts it sends; its weights follow the trainer
+    (`weights`, grpo_stream.engines.follower)."""
 
     def __init__(
         self,
@@ -60,27 +89,20 @@ class Generator:
         self.stop = link.stop
         self.queue: deque[m.PromptBatch] = deque()
         self.credits = credit_window(self.cfg, engine)  # prompts it asks the hub for
-        self.watcher: WeightsWatcher | None = None
-        self.watched: str | None = None
-        self.reload = False  # the trainer restarted: take its newest version whatever its number
-        self.announced = link.policy_version  # the hub knows the trainer's version
-        self._waiting_since: float | None = None
-        self.tokens_per_s = 0.0
-        self.wait_s = 0.0
-        self.batches = 0
         self.throttle = throttle
         self.weights_noise = weights_noise  # test hook: sample from another model (`_perturb`)
-        self.prompts_total = 0
-        self.tokens_total = 0
-        self.busy_s = 0.0
-        self._fetch_failures = 0  # weight fetches failed in a row
-        self._fetch_retry_at = 0.0
-        self._warn = RateLimit()
-        self.apply_s = 0.0  # main-thread seconds spent fetching/applying weights
-        self._restarts = 0  # trainer restarts seen (a background fetch started before one is old)
-        self._fetch_started: tuple[float, int] | None = None  # background fetch: (t0, restarts)
+        self.counters = Counters()
         # episodes play whole batches; any other work streams when the engine can
         self.streaming = player is None and isinstance(engine, StreamingEngine)
+        self.weights = WeightsFollower(
+            engine,
+            link,
+            self.cfg.transport,
+            background=self.cfg.generator.inflight_updates or self.streaming,
+            wait_limit_s=self.cfg.transport.heartbeat_timeout_s,
+            on_applied=self._perturb,
+        )
+        self.weights.rejoined(link.policy_version)  # the hub knows the trainer's version
         self.out: Sender = link  # hub.payloads = "direct": Rollouts stay in our store
         if self.cfg.hub.payloads == "direct":
             self.out = PayloadOutbox(
@@ -96,8 +118,7 @@ class Generator:
         """The hub (re)registered us: what we held is re-dispatched, the trainer's version is
         the hub's (the session asked for the credit window again)."""
         self.queue.clear()
-        self._waiting_since = None
-        self.announced = max(self.announced, self.link.policy_version)
+        self.weights.rejoined(self.link.policy_version)
 
     def serve(self) -> None:
         self._perturb()
@@ -107,6 +128,7 @@ class Generator:
             else:
                 self._serve()
         finally:
+            self.weights.close()
             if isinstance(self.out, PayloadOutbox):
                 self.out.close()
 
@@ -117,8 +139,8 @@ class Generator:
             t0 = time.perf_counter()
             self._receive(timeout_ms=0 if self.queue else 50)
             if idle:  # time spent waiting for work (credits outstanding, nothing to do)
-                self.wait_s += time.perf_counter() - t0
-            self._poll_weights()
+                self.counters.wait_s += time.perf_counter() - t0
+            self.weights.poll()
             if not self.queue:
                 continue
             batch = self.queue[0]
@@ -130,22 +152,23 @@ class Generator:
 
     def _stream(self, engine: StreamingEngine) -> None:
         hooks = Hooks(
-            turn=self._stream_turn, version_ready=self._version_ready,
-            send=self._send_rollout, account=self._account, waited=self._waited,
-        )  # fmt: skip
+            turn=self._stream_turn,
+            version_ready=self.weights.ready_for,
+            send=self._send_rollout,
+            account=self._account,
+            waited=self._waited,
+        )
         StreamLoop(engine, self.link, self.queue, self.cfg.run.seed, hooks).run(self.credits)
 
     def _stream_turn(self) -> None:
         """One turn of the streaming loop: the hub's messages, the trainer's versions (a
         newer one is fetched and applied in the background)."""
         self._receive(timeout_ms=0)
-        self._poll_weights()
-        behind = self.announced > self.engine.version or self.reload
-        if (behind or self._fetch_started is not None) and self.link.peers is not None:
-            self._fetch_weights()
+        self.weights.poll()
+        self.weights.update()
 
     def _waited(self, seconds: float) -> None:
-        self.wait_s += seconds
+        self.counters.wait_s += seconds
 
     def _receive(self, timeout_ms: int) -> None:
         msg = self.link.recv(timeout_ms)
@@ -154,118 +177,14 @@ class Generator:
                 self.queue.append(msg)
             msg = self.link.recv(0)
 
-    def _poll_weights(self) -> None:
-        """Follow the trainer's announcements. A new announce address means a restarted
-        trainer, whose versions restart from its checkpoint: reload from it in any case."""
-        peers = self.link.peers
-        address = None if peers is None else peers.announce
-        if address is not None and address != self.watched:
-            if self.watcher is not None:
-                self.watcher.close()
-                self.reload = True
-                self._restarts += 1
-            self.watcher = WeightsWatcher(
-                self.link.ctx, address, self.cfg.transport, self.link.security
-            )
-            self.watched = address
-        if self.watcher is not None:
-            seen = self.watcher.poll(0)
-            if seen is not None:
-                self.announced = max(self.announced, seen)
-
     def _ensure_version(self, min_version: int) -> bool:
         """Apply the trainer's newest version when one was announced (or, on joining, when
         the hub says the trainer is ahead of us), then check the batch's `min_version`."""
-        behind = self.announced > self.engine.version or self.reload
-        if (behind or self._fetch_started is not None) and self.link.peers is not None:
-            self._fetch_weights()
-        if self._version_ready(min_version):
+        self.weights.update()
+        if self.weights.ready_for(min_version):
             return True
         self._receive(timeout_ms=20)  # let the trainer publish
         return False
-
-    def _version_ready(self, min_version: int) -> bool:
-        """The engine holds `min_version` or newer. If that version does not come within the
-        heartbeat deadline (the trainer rolled a step back, say), generate anyway: the hub
-        drops what is too stale, counted."""
-        now = time.monotonic()
-        if self.engine.version >= min_version:
-            self._waiting_since = None
-            return True
-        if self._waiting_since is None:
-            self._waiting_since = now
-        if now - self._waiting_since > self.cfg.transport.heartbeat_timeout_s:
-            log.warning("weights.wait_expired", need=min_version, have=self.engine.version)
-            self._waiting_since = None
-            return True
-        return False
-
-    def _fetch_weights(self) -> None:
-        """Fetch and apply the newest version. A weight server that died or refuses (the
-        trainer crashed after a publish, or is restarting) is retried with exponential
-        backoff, each time at the address the hub last gave: a restarted trainer says Hello
-        with its new endpoints and the hub pushes them to every peer in a Welcome."""
-        now = time.monotonic()
-        if now < self._fetch_retry_at:
-            return
-        peers = self.link.peers
-        if peers is None:
-            return
-        address = peers.weights
-        background = self.cfg.generator.inflight_updates or self.streaming
-        if isinstance(self.engine, InflightEngine) and background:
-            self._fetch_in_background(self.engine, address)
-            return
-        t0 = time.perf_counter()
-        try:
-            version = self.engine.update_from_server(address, -1)
-        except TransportError as exc:
-            self._fetch_failed(address, exc)
-            return
-        self.apply_s += time.perf_counter() - t0
-        self._fetched(version, time.perf_counter() - t0, fresh=True)
-
-    def _fetch_in_background(self, engine: InflightEngine, address: str) -> None:
-        """Apply what a background fetch brought, then start the next one if still behind."""
-        t0 = time.perf_counter()
-        try:
-            version = engine.take_fetched()
-        except TransportError as exc:
-            self._fetch_started = None
-            self._fetch_failed(address, exc)
-            return
-        if version is not None:
-            self.apply_s += time.perf_counter() - t0
-            started, restarts = self._fetch_started or (t0, self._restarts)
-            self._fetch_started = None
-            self._fetched(version, time.perf_counter() - started, restarts == self._restarts)
-        behind = self.announced > self.engine.version or self.reload
-        if behind and engine.fetch_in_background(address):
-            self._fetch_started = (time.perf_counter(), self._restarts)
-
-    def _fetch_failed(self, address: str, exc: TransportError) -> None:
-        self._fetch_failures += 1
-        backoff = min(FETCH_BACKOFF_MAX_S, 2.0 ** (self._fetch_failures - 1))
-        self._fetch_retry_at = time.monotonic() + backoff
-        self.reload = True  # whatever the newest version is once the server is back
-        count = self._warn.allow("weights.fetch_failed")
-        if count is not None:
-            log.warning(
-                "weights.fetch_failed",
-                address=address,
-                error=str(exc),
-                failures=self._fetch_failures,
-                retry_in_s=backoff,
-                count=count,
-            )
-
-    def _fetched(self, version: int, seconds: float, fresh: bool) -> None:
-        """`fresh`: fetched from the trainer the hub names now (not one since restarted)."""
-        self.reload = self.reload and not fresh
-        self._fetch_failures = 0
-        self.announced = version  # the server's newest is the truth
-        log.info("weights.applied", version=version, seconds=round(seconds, 4))
-        self._perturb()
 
     def _perturb(self) -> None:
         """Test hook (`--fault-weights-noise`): the weights just applied times (1 + noise x
@@ -281,16 +200,6 @@ class Generator:
             for p in self.engine.model.parameters():
                 p.mul_(1 + self.weights_noise * torch.randn_like(p))
         log.warning("weights.perturbed", noise=self.weights_noise, version=self.engine.version)
-
-    def between_steps(self) -> None:
-        """In-flight updates (the engine calls this between decoding steps): follow the
-        announcements and swap in a version fetched meanwhile."""
-        self._poll_weights()
-        pending = self._fetch_started is not None
-        if (self.announced > self.engine.version or self.reload or pending) and (
-            self.link.peers is not None
-        ):
-            self._fetch_weights()
 
     def _generate(self, batch: m.PromptBatch) -> None:
         if self.player is not None:
@@ -330,20 +239,8 @@ class Generator:
         return Sampling.of(batch.sampling, self.cfg.run.seed).child(int(batch.lease_id))
 
     def _account(self, prompts: int, tokens: int, seconds: float, batches: int = 1) -> None:
-        self.batches += batches
-        self.prompts_total += prompts
-        self.tokens_total += tokens
-        self.busy_s += seconds
-        # throughput while generating (idle time excluded): what this device can deliver
-        self.tokens_per_s = self.tokens_total / max(self.busy_s, 1e-9)
-        self.link.generator_stats = m.GeneratorStats(
-            tokens_per_s=round(self.tokens_per_s, 2),
-            wait_s=round(self.wait_s, 3),
-            version=self.engine.version,
-            batches=self.batches,
-            prompts_total=self.prompts_total,
-            busy_s=round(self.busy_s, 3),
-        )
+        self.counters.add(prompts, tokens, seconds, batches)
+        self.link.generator_stats = self.counters.stats(self.engine.version)
         log.debug("batch.generated", prompts=prompts, tokens=tokens, seconds=round(seconds, 3))
 
     def _send_rollout(

@@ -54,7 +54,8 @@ def serve_generator(session: Session, throttle: float = 1.0, weights_noise: floa
             weights_noise=weights_noise,
         )  # fmt: skip
         if cfg.generator.inflight_updates and isinstance(engine, InflightEngine):
-            engine.enable_inflight(generator.between_steps, cfg.generator.inflight_kv == "keep")
+            keep_kv = cfg.generator.inflight_kv == "keep"
+            engine.enable_inflight(generator.weights.between_steps, keep_kv)
         generator.serve()
     except EngineFailed as exc:
         log.error("generator.engine_failed", error=str(exc)[:500])

@@ -7,13 +7,11 @@ version applied once it is served."""
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from grpo_stream.config import RunConfig, config_from_dict
@@ -21,11 +19,12 @@ from grpo_stream.config.transport import SecuritySettings, TransportSettings, We
 from grpo_stream.engines import Engine, make_engine
 from grpo_stream.protocols import messages as m
 from grpo_stream.services.generator import Generator
-from grpo_stream.session.service import Join, Session, StopFlag
 from grpo_stream.transport.sockets import close_context, make_context
 from grpo_stream.transport.weights import WeightServer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "session"))
+sys.path.insert(0, str(Path(__file__).parent))
+from generator_harness import Serving, connected, prompt_batch
 from hub_script import ScriptedHub
 
 pytestmark = pytest.mark.slow  # loads the packaged model: tens of seconds on a loaded machine
@@ -62,46 +61,14 @@ def hub(cfg: RunConfig) -> Iterator[ScriptedHub]:
     fake.close()
 
 
-class Serving:
-    """Generator.serve in a thread (its session lives there), stopped by the test."""
-
-    def __init__(self, hub: ScriptedHub, engine: Engine) -> None:
-        self.stop = StopFlag()
-        self.gen: Generator | None = None
-        self._ready = threading.Event()
-        self._engine = engine
-        self._join = Join("generator", "gen-0", hub.address, SecuritySettings())
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        assert self._ready.wait(30)
-
-    def _run(self) -> None:
-        session = Session(self._join, self.stop)
-        session.connect()
-        try:
-            self.gen = Generator(session, self._engine)
-            self._ready.set()
-            self.gen.serve()
-        finally:
-            session.close("done")
-
-    def close(self) -> None:
-        self.stop.stop("test")
-        self.thread.join(60)
-
-
 def batch(lease_id: int, min_version: int = 0) -> m.PromptBatch:
-    return m.PromptBatch(
-        lease_id=lease_id, group_ids=np.array([5, 6], np.int64), prompts=["3+4=", "2+2="],
-        references=[{"answer": "7"}, {"answer": "4"}], group_size=3, min_version=min_version,
-        sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4),
-    )  # fmt: skip
+    return prompt_batch(lease_id, [5, 6], ["3+4=", "2+2="], 3, 4, min_version)
 
 
 def test_the_generator_returns_one_rollout_per_prompt_and_asks_for_more(
     hub: ScriptedHub, engine: Engine
 ) -> None:
-    serving = Serving(hub, engine)
+    serving = Serving(hub.address, engine)
     try:
         assert hub.wait_for(m.WorkRequest)[0].credits == 4  # type: ignore[attr-defined]
         hub.send("gen-0", batch(lease_id=9))
@@ -121,7 +88,7 @@ def test_the_generator_returns_one_rollout_per_prompt_and_asks_for_more(
 def test_after_a_hub_restart_the_generator_drops_what_it_held_and_asks_again(
     hub: ScriptedHub, engine: Engine, cfg: RunConfig
 ) -> None:
-    serving = Serving(hub, engine)
+    serving = Serving(hub.address, engine)
     hub.wait_for(m.WorkRequest)
     hub.send("gen-0", batch(lease_id=3, min_version=1))  # waits for a version that never comes
     time.sleep(0.5)
@@ -153,13 +120,13 @@ def test_a_refusing_weight_server_is_retried_until_it_serves(
     hub: ScriptedHub, engine: Engine, server: WeightServer
 ) -> None:
     hub.peers = m.Endpoints(weights=server.addresses["weights"], announce="tcp://127.0.0.1:8")
-    session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
-    session.connect()
+    session = connected(hub.address)
     gen = Generator(session, engine)
-    gen.announced = engine.version + 1  # the trainer announced a version, then lost it
-    want = gen.announced
+    tracker = gen.weights.tracker
+    tracker.announced = engine.version + 1  # the trainer announced a version, then lost it
+    want = tracker.announced
     assert not gen._ensure_version(want)  # no weights yet: no crash, retried later
-    assert gen._fetch_failures == 1
+    assert tracker.failures == 1
     weights: list[tuple[str, Any]] = [
         (n, p.detach().clone() + 0.01)
         for n, p in engine.model.named_parameters()  # type: ignore[attr-defined]
@@ -168,7 +135,7 @@ def test_a_refusing_weight_server_is_retried_until_it_serves(
     deadline = time.monotonic() + 10
     while engine.version < want and time.monotonic() < deadline:
         gen._ensure_version(want)  # the backoff (1 s after one failure) passes, then it applies
-    assert engine.version == want and gen._fetch_failures == 0
+    assert engine.version == want and tracker.failures == 0
     session.close("done")
 
 
@@ -177,15 +144,15 @@ def test_a_server_that_died_is_given_up_and_retried_at_the_hubs_new_address(
 ) -> None:
     # nobody serves there: a killed trainer's
     hub.peers = m.Endpoints(weights="tcp://127.0.0.1:9", announce="tcp://127.0.0.1:8")
-    session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
-    session.connect()
+    session = connected(hub.address)
     gen = Generator(session, engine)
-    gen.announced = engine.version + 1
-    want = gen.announced
+    tracker = gen.weights.tracker
+    tracker.announced = engine.version + 1
+    want = tracker.announced
     t0 = time.monotonic()
-    gen._fetch_weights()
+    gen.weights.update()
     assert time.monotonic() - t0 < STALL_S + 5  # given up after fetch_stall_s, not 60 s
-    assert gen._fetch_failures == 1 and gen.reload
+    assert tracker.failures == 1 and tracker.reload
     # the hub's Welcome: restarted
     gen.link.peers = m.Endpoints(weights=server.addresses["weights"], announce="tcp://127.0.0.1:8")
     weights: list[tuple[str, Any]] = [
@@ -196,7 +163,7 @@ def test_a_server_that_died_is_given_up_and_retried_at_the_hubs_new_address(
     deadline = time.monotonic() + 10
     while engine.version < want and time.monotonic() < deadline:
         gen._ensure_version(want)
-    assert engine.version == want and gen._fetch_failures == 0
+    assert engine.version == want and tracker.failures == 0
     session.close("done")
 
 
@@ -212,17 +179,16 @@ def test_in_flight_a_version_fetched_meanwhile_is_swapped_in_and_the_oldest_is_t
     )
     hub = ScriptedHub(inflight)
     hub.peers = m.Endpoints(weights=server.addresses["weights"], announce="tcp://127.0.0.1:8")
-    session = Session(Join("generator", "g-test", hub.address, SecuritySettings()), StopFlag())
-    session.connect()
+    session = connected(hub.address)
     assert session.cfg.generator.inflight_updates
     gen = Generator(session, engine)
-    engine.enable_inflight(gen.between_steps)
+    engine.enable_inflight(gen.weights.between_steps)
     try:
         old = engine.version
         weights = [(n, p.detach().clone() + 0.01) for n, p in engine.model.named_parameters()]
         server.publish(old + 1, weights)
-        gen.announced = old + 1
-        gen._fetch_weights()  # in flight: fetched on a thread, not applied here
+        gen.weights.tracker.heard(old + 1)
+        gen.weights.update()  # in flight: fetched on a thread, not applied here
         assert engine.version == old and engine.fetch_pending
         assert engine.wait_fetched(30)
         gen._generate(batch(lease_id=4))  # the first step boundary swaps it in

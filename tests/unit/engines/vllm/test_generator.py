@@ -14,13 +14,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -28,11 +26,11 @@ from grpo_stream.config import RunConfig, config_from_dict
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
 from grpo_stream.protocols import messages as m
 from grpo_stream.sampling import Sampling
-from grpo_stream.services.generator import Generator
-from grpo_stream.session.service import Join, Session, StopFlag
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "session"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "services"))
 sys.path.insert(0, str(Path(__file__).parent))
+from generator_harness import Serving, prompt_batch
 from hub_script import ScriptedHub
 from vllm_checks import vllm_worker_of
 
@@ -71,51 +69,15 @@ def engine(tiny_dir: Path) -> Iterator[Any]:
     eng.close()
 
 
-class Serving:
-    """Generator.serve in a thread (its session lives there), stopped by the test."""
-
-    def __init__(self, hub: ScriptedHub, engine: Any) -> None:
-        self.stop = StopFlag()
-        self.gen: Generator | None = None
-        self.error: BaseException | None = None
-        self._ready = threading.Event()
-        self._engine = engine
-        self._join = Join("generator", "gen-0", hub.address, SecuritySettings())
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        assert self._ready.wait(30)
-
-    def _run(self) -> None:
-        session = Session(self._join, self.stop)
-        session.connect()
-        try:
-            self.gen = Generator(session, self._engine)
-            self._ready.set()
-            self.gen.serve()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            session.close("done")
-
-    def close(self) -> None:
-        self.stop.stop("test")
-        self.thread.join(60)
-        assert self.error is None, self.error
-
-
 def batch(lease_id: int, gids: list[int], max_tokens: int, min_version: int = 0) -> m.PromptBatch:
-    return m.PromptBatch(
-        lease_id=lease_id, group_ids=np.array(gids, np.int64), prompts=["3+4=", "12+34="],
-        references=[{"answer": "7"}, {"answer": "46"}], group_size=4, min_version=min_version,
-        sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=max_tokens),
-    )  # fmt: skip
+    return prompt_batch(lease_id, gids, ["3+4=", "12+34="], 4, max_tokens, min_version)
 
 
 def test_a_short_batch_sent_after_a_long_one_reaches_the_hub_first(
     engine: Any, tmp_path: Path, tokenizer: Any
 ) -> None:
     hub = ScriptedHub(run_config(tmp_path))
-    serving = Serving(hub, engine)
+    serving = Serving(hub.address, engine)
     try:
         assert hub.wait_for(m.WorkRequest)[0].credits == 4  # type: ignore[attr-defined]
         hub.send("gen-0", batch(lease_id=1, gids=[10, 11], max_tokens=100))
@@ -156,7 +118,7 @@ def test_in_flight_a_rollout_carries_the_versions_of_its_tokens(
     engine.enable_inflight(lambda: None)
     model = load_policy(str(tiny_dir), dtype="float32", trainable=False)
     old = engine.version
-    serving = Serving(hub, engine)
+    serving = Serving(hub.address, engine)
     try:
         hub.wait_for(m.WorkRequest)
         split: list[m.Rollout] = []
@@ -196,7 +158,7 @@ def test_after_a_hub_restart_the_running_requests_are_aborted(engine: Any, tmp_p
 
     cfg = run_config(tmp_path)
     hub = ScriptedHub(cfg)
-    serving = Serving(hub, engine)
+    serving = Serving(hub.address, engine)
     again: ScriptedHub | None = None
     paused = False
     try:
