@@ -31,11 +31,10 @@ from typing import Any
 import torch
 
 from grpo_stream.builds import sft
-from grpo_stream.builds.sft import Batch, WarmStart, build_main, pad_rows, save, write_info
+from grpo_stream.builds.sft import Batch, WarmStart, build_main, finish, pad_rows
 from grpo_stream.builds.tiny import build_model, build_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.calc import CalcEnv
-from grpo_stream.models.loading import load_policy
 from grpo_stream.sampling import Sampling
 from grpo_stream.tasks.arith import ArithTask
 
@@ -146,31 +145,29 @@ def warm_start(
 
 def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 2000) -> dict[str, Any]:
     """Build, warm-start and save tiny-calc to `out`; returns the build info and time."""
-    from transformers import AutoTokenizer
-
     start = time.perf_counter()
     torch.set_num_threads(BUILD_THREADS)
     tokenizer = build_tokenizer()
     tokenizer.model_max_length = MAX_POSITIONS
     model = build_model(tokenizer, seed, positions=MAX_POSITIONS)
     steps, expected = warm_start(model, tokenizer, seed, target, max_steps, eval_every=5)
-    save(model, tokenizer, out)
-    saved = load_policy(str(out), dtype="float32", trainable=False)
-    rate, calls = success_rate(saved, AutoTokenizer.from_pretrained(out), seed, samples=8)
-    info = {
+
+    def measure(saved: Any, reloaded: Any) -> dict[str, Any]:
+        rate, calls = success_rate(saved, reloaded, seed, samples=8)
+        return {
+            "success_rate": round(rate, 4),
+            "tool_call_rate": round(calls, 4),
+            "episodes": EVAL_PROBLEMS * 8,
+        }
+
+    fields = {
         "seed": seed,
         "sft_steps": steps,
         "target": target,
         "tool_share": TOOL_SHARE,
         "expected_success_at_stop": round(expected, 4),
-        "success_rate": round(rate, 4),
-        "tool_call_rate": round(calls, 4),
-        "episodes": EVAL_PROBLEMS * 8,
-        "parameters": sum(p.numel() for p in saved.parameters()),
-        "torch": torch.__version__,
     }
-    write_info(out, info)
-    return {**info, "build_seconds": round(time.perf_counter() - start, 1)}
+    return finish(model, tokenizer, out, fields, measure, start)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,11 +23,10 @@ from typing import Any
 import torch
 
 from grpo_stream.builds import sft
-from grpo_stream.builds.sft import WarmStart, build_main, pad_rows, save, write_info
+from grpo_stream.builds.sft import WarmStart, build_main, finish, pad_rows
 from grpo_stream.builds.tiny import build_model, build_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.guess import GuessEnv
-from grpo_stream.models.loading import load_policy
 from grpo_stream.sampling import Sampling
 
 MAX_POSITIONS = 128
@@ -102,30 +101,28 @@ def warm_start(
 
 
 def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 2000) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
     start = time.perf_counter()
     torch.set_num_threads(2)
     tokenizer = build_tokenizer()
     tokenizer.model_max_length = MAX_POSITIONS
     model = build_model(tokenizer, seed, positions=MAX_POSITIONS)
     steps, rate_at_stop = warm_start(model, tokenizer, seed, target, max_steps, eval_every=5)
-    save(model, tokenizer, out)
-    saved = load_policy(str(out), dtype="float32", trainable=False)
-    rate, reward = success_rate(saved, AutoTokenizer.from_pretrained(out), seed + 1, samples=16)
-    info = {
+
+    def measure(saved: Any, reloaded: Any) -> dict[str, Any]:
+        rate, reward = success_rate(saved, reloaded, seed + 1, samples=16)
+        return {
+            "success_rate": round(rate, 4),
+            "mean_reward": round(reward, 4),
+            "episodes": HIGH * 16,
+        }
+
+    fields = {
         "seed": seed,
         "sft_steps": steps,
         "target": target,
         "success_at_stop": round(rate_at_stop, 4),
-        "success_rate": round(rate, 4),
-        "mean_reward": round(reward, 4),
-        "episodes": HIGH * 16,
-        "parameters": sum(p.numel() for p in saved.parameters()),
-        "torch": torch.__version__,
     }
-    write_info(out, info)
-    return {**info, "build_seconds": round(time.perf_counter() - start, 1)}
+    return finish(model, tokenizer, out, fields, measure, start)
 
 
 def main(argv: list[str] | None = None) -> None:

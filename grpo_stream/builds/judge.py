@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from grpo_stream.builds import sft
-from grpo_stream.builds.sft import WarmStart, build_main, pad_rows, save, write_info
+from grpo_stream.builds.sft import WarmStart, build_main, finish, pad_rows
 from grpo_stream.builds.tiny import MAX_OPERAND
 from grpo_stream.models.loading import load_policy, load_tokenizer
 from grpo_stream.rewards.judge import DEFAULT_TEMPLATE, fill
@@ -119,22 +119,22 @@ def build(out: Path, seed: int = 0, target: float = 0.84, max_steps: int = 1000)
     )
     steps, acc = sft.warm_start(model, plan, seed)
     tokenizer.padding_side = "left"  # as the policy's: the judge generates left-padded
-    save(model, tokenizer, out)
-    saved = load_policy(str(out), dtype="float32", trainable=False)
-    info = {
+
+    def measure(saved: Any, reloaded: Any) -> dict[str, Any]:  # with the tokenizer it built
+        return {
+            "verdict_accuracy": round(verdict_accuracy(saved, tokenizer, held), 4),
+            "accuracy_examples": len(held),
+            "template": DEFAULT_TEMPLATE,
+        }
+
+    fields = {
         "seed": seed,
         "base": "grpo-stream/tiny-arith",
         "sft_steps": steps,
         "target": target,
         "verdict_accuracy_at_stop": round(acc, 4),
-        "verdict_accuracy": round(verdict_accuracy(saved, tokenizer, held), 4),
-        "accuracy_examples": len(held),
-        "template": DEFAULT_TEMPLATE,
-        "parameters": sum(p.numel() for p in saved.parameters()),
-        "torch": torch.__version__,
     }
-    write_info(out, info)
-    return {**info, "build_seconds": round(time.perf_counter() - start, 1)}
+    return finish(model, tokenizer, out, fields, measure, start)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,7 @@
-"""The supervised warm start shared by the shipped tiny models' builders (build_tiny,
-build_guess, build_calc): each gives its data (a batch sampler) and its scorer (what
-stops SFT); this module owns the loop, the stopping rule, saving and the build_info file.
+"""The supervised warm start shared by the shipped tiny models' builders (tiny, guess, calc,
+tools, judge): each gives its data (a batch sampler) and its scorer (what stops SFT); this
+module owns the loop, the stopping rule and the build's tail (`finish`: save, reload,
+measure, build_info.json).
 
 Invariants: for a given seed, torch version and thread count the loop is deterministic
 (one `random.Random(seed)` drives the batches, fixed AdamW settings, the scorer is called
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from grpo_stream.engines.hf import HFEngine
 from grpo_stream.envs.episodes import EpisodeRun, run_episodes
 from grpo_stream.envs.local import LocalEnvs
 from grpo_stream.envs.turns import TurnFormat
+from grpo_stream.models.loading import load_policy
 from grpo_stream.sampling import Sampling
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -111,6 +114,33 @@ def save(model: Any, tokenizer: Any, out: Path) -> None:
 def write_info(out: Path, info: dict[str, Any]) -> None:
     """build_info.json: what the build measured on the saved weights (no wall time)."""
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def finish(
+    model: Any,
+    tokenizer: Any,
+    out: Path,
+    fields: dict[str, Any],
+    measure: Callable[[Any, Any], dict[str, Any]],
+    started: float,
+) -> dict[str, Any]:
+    """Every builder's tail: save the model and tokenizer to `out` (`save`), load them back
+    as a user would (fp32 weights, the saved tokenizer), `measure(model, tokenizer)` them,
+    write build_info.json (`fields`, the measures, the parameter count and torch's version,
+    in that order) and return it with the build's seconds since `started`."""
+    from transformers import AutoTokenizer  # heavy: only a build needs it
+
+    save(model, tokenizer, out)
+    saved = load_policy(str(out), dtype="float32", trainable=False)
+    measured = measure(saved, AutoTokenizer.from_pretrained(out))
+    info = {
+        **fields,
+        **measured,
+        "parameters": sum(p.numel() for p in saved.parameters()),
+        "torch": torch.__version__,
+    }
+    write_info(out, info)
+    return {**info, "build_seconds": round(time.perf_counter() - started, 1)}
 
 
 def build_main(

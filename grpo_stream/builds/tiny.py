@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 from grpo_stream.builds import sft
-from grpo_stream.builds.sft import WarmStart, build_main, pad_rows, save, write_info
-from grpo_stream.models.loading import load_policy
+from grpo_stream.builds.sft import WarmStart, build_main, finish, pad_rows
 from grpo_stream.models.testing import qwen2_config
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -194,32 +193,29 @@ def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 3000)
 
     build_info.json leaves the time out, so that a rebuild writes the same file.
     """
-    from transformers import AutoTokenizer
-
     start = time.perf_counter()
     torch.set_num_threads(2)
     random.seed(seed)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed)
     steps, sft_acc = warm_start(model, tokenizer, seed, target, max_steps, eval_every=5)
-    save(model, tokenizer, out)
-    saved = load_policy(str(out), dtype="float32", trainable=False)
     pairs = arith_pairs() * 4  # every problem, four samples each
-    reloaded = AutoTokenizer.from_pretrained(out)
-    accuracy = sampled_accuracy(saved, reloaded, pairs, seed=seed)
-    info = {
+
+    def measure(saved: Any, reloaded: Any) -> dict[str, Any]:
+        accuracy = sampled_accuracy(saved, reloaded, pairs, seed=seed)
+        return {
+            "expected_accuracy": round(expected_accuracy(saved, reloaded, arith_pairs()), 4),
+            "sampled_accuracy": round(accuracy, 4),
+            "accuracy_samples": len(pairs),
+        }
+
+    fields = {
         "seed": seed,
         "sft_steps": steps,
         "target": target,
         "expected_accuracy_at_stop": round(sft_acc, 4),
-        "expected_accuracy": round(expected_accuracy(saved, reloaded, arith_pairs()), 4),
-        "sampled_accuracy": round(accuracy, 4),
-        "accuracy_samples": len(pairs),
-        "parameters": sum(p.numel() for p in saved.parameters()),
-        "torch": torch.__version__,
     }
-    write_info(out, info)
-    return {**info, "build_seconds": round(time.perf_counter() - start, 1)}
+    return finish(model, tokenizer, out, fields, measure, start)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,14 +39,13 @@ from grpo_stream.agents.chat import ChatFormat, Conversation, assistant_message
 from grpo_stream.agents.toolcalls import ToolCall, format_reply, parse_reply
 from grpo_stream.builds import sft
 from grpo_stream.builds.calc import calc_task
-from grpo_stream.builds.sft import Batch, WarmStart, build_main, pad_rows, save, write_info
+from grpo_stream.builds.sft import Batch, WarmStart, build_main, finish, pad_rows
 from grpo_stream.builds.tiny import build_model, build_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.envs.episodes import EpisodeRun, run_episodes
 from grpo_stream.envs.local import LocalEnvs
 from grpo_stream.envs.turns import TurnFormat
-from grpo_stream.models.loading import load_policy
 from grpo_stream.sampling import Sampling
 from grpo_stream.tasks.arith import ArithTask
 
@@ -182,8 +181,6 @@ def success_rate(model: Any, tokenizer: Any, seed: int, samples: int = 4) -> dic
 
 def build(out: Path, seed: int = 0, target: float = 0.20, max_steps: int = 3000) -> dict[str, Any]:
     """Build, warm-start and save tiny-tools to `out`; returns the build info and time."""
-    from transformers import AutoTokenizer
-
     start = time.perf_counter()
     torch.set_num_threads(BUILD_THREADS)
     tokenizer = build_tools_tokenizer()
@@ -196,22 +193,19 @@ def build(out: Path, seed: int = 0, target: float = 0.20, max_steps: int = 3000)
         target=target, max_steps=max_steps, eval_every=20, label="success", lr=LR,
     )  # fmt: skip
     steps, expected = sft.warm_start(model, plan, seed)
-    save(model, tokenizer, out)
-    saved = load_policy(str(out), dtype="float32", trainable=False)
-    rates = success_rate(saved, AutoTokenizer.from_pretrained(out), seed, samples=8)
-    info = {
+
+    def measure(saved: Any, reloaded: Any) -> dict[str, Any]:
+        rates = success_rate(saved, reloaded, seed, samples=8)
+        return {**{k: round(v, 4) for k, v in rates.items()}, "episodes": EVAL_PROBLEMS * 8}
+
+    fields = {
         "seed": seed,
         "sft_steps": steps,
         "target": target,
         "tool_share": TOOL_SHARE,
         "expected_success_at_stop": round(expected, 4),
-        **{k: round(v, 4) for k, v in rates.items()},
-        "episodes": EVAL_PROBLEMS * 8,
-        "parameters": sum(p.numel() for p in saved.parameters()),
-        "torch": torch.__version__,
     }
-    write_info(out, info)
-    return {**info, "build_seconds": round(time.perf_counter() - start, 1)}
+    return finish(model, tokenizer, out, fields, measure, start)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,15 +1,19 @@
 """The shared warm start: deterministic for a seed, trains, and stops at the first
-evaluation that reaches the target."""
+evaluation that reaches the target; the builders' shared tail measures what it saved."""
 
 from __future__ import annotations
 
+import json
 import random
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpo_stream.builds import sft
 from grpo_stream.builds.sft import WarmStart, pad_rows
+from grpo_stream.builds.tiny import build_tokenizer
 from grpo_stream.models.testing import tiny_qwen2
 
 
@@ -59,3 +63,33 @@ def test_it_stops_at_the_first_evaluation_reaching_the_target() -> None:
     plan = WarmStart(batches, score=score, target=0.3, max_steps=100, eval_every=2)
     assert sft.warm_start(model(), plan, seed=0) == (6, 0.35)
     assert len(seen) == 3
+
+
+def test_finish_measures_the_model_as_saved_and_loaded_back(tmp_path: Path) -> None:
+    tokenizer = build_tokenizer()
+    built = tiny_qwen2(vocab=len(tokenizer), seed=3)
+    rounded = params(built.to(torch.bfloat16).float())
+    seen: dict[str, Any] = {}
+
+    def measure(saved: Any, reloaded: Any) -> dict[str, Any]:
+        seen["weights"], seen["tokens"] = params(saved), reloaded("1+2=")["input_ids"]
+        return {}
+
+    sft.finish(built, tokenizer, tmp_path / "out", {}, measure, time.perf_counter())
+    assert all(p.dtype == torch.float32 for p in seen["weights"])
+    assert all(torch.equal(a, b) for a, b in zip(seen["weights"], rounded, strict=True))
+    assert seen["tokens"] == tokenizer("1+2=")["input_ids"]
+
+
+def test_finish_writes_fields_measures_size_and_torch_and_returns_the_time(tmp_path: Path) -> None:
+    tokenizer = build_tokenizer()
+    built = tiny_qwen2(vocab=len(tokenizer), seed=3)
+    size = sum(p.numel() for p in built.parameters())
+    info = sft.finish(
+        built, tokenizer, tmp_path, {"seed": 3, "sft_steps": 7}, lambda m, t: {"rate": 0.5}, 0.0
+    )
+    written = json.loads((tmp_path / "build_info.json").read_text())
+    expected = {"seed": 3, "sft_steps": 7, "rate": 0.5, "parameters": size}
+    assert list(written.items()) == [*expected.items(), ("torch", torch.__version__)]
+    assert info == {**written, "build_seconds": info["build_seconds"]}
+    assert info["build_seconds"] > 0
