@@ -47,11 +47,14 @@ class Scorer:
 
     def pass_rates(self, rows: list[dict[str, Any]], samples: int, seed: int) -> list[float]:
         """Each row's share of `samples` completions that match its answer."""
+        from grpo_stream.sampling import Sampling
+
         out: list[float] = []
         for start in range(0, len(rows), 100):
             part = rows[start : start + 100]
             prompts = [r["question"] for r in part]
-            groups = self.engine.generate(prompts, samples, 8, self.temperature, seed=seed + start)
+            sampling = Sampling(8, self.temperature, seed=seed + start)
+            groups = self.engine.generate(prompts, samples, sampling)
             for row, group in zip(part, groups, strict=True):
                 ref = {"answer": row["answer"]}
                 texts = [c.text for c in group.completions]

@@ -38,20 +38,20 @@ def generate(ns: argparse.Namespace) -> dict[str, Any]:
     of the bandwidth bound it reaches."""
     from grpo_stream.engines.hf import HFEngine
     from grpo_stream.models.loading import load_policy, load_tokenizer
+    from grpo_stream.sampling import Sampling
 
     shape = gpu_shapes.SHAPES[ns.shape]
     path = gpu_scale_train.model_dir(shape, Path(ns.work), ns.device)
     tokenizer = load_tokenizer(str(path))
     model = load_policy(str(path), device=ns.device, trainable=False)
     engine = HFEngine(model, tokenizer, device=ns.device)
-    engine.generate(["1+2="], group_size=8, max_tokens=4, temperature=1.0, seed=0)  # warm-up
+    engine.generate(["1+2="], group_size=8, sampling=Sampling(max_tokens=4, seed=0))  # warm-up
     prompt = len(tokenizer("12+34=")["input_ids"])
     runs = []
     for prompts in ns.gen_prompts:
         t0 = time.perf_counter()
-        groups = engine.generate(
-            ["12+34="] * prompts, group_size=8, max_tokens=ns.new_tokens, temperature=1.0, seed=1
-        )
+        sampling = Sampling(max_tokens=ns.new_tokens, seed=1)
+        groups = engine.generate(["12+34="] * prompts, group_size=8, sampling=sampling)
         seconds = time.perf_counter() - t0
         tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
         batch = prompts * 8
