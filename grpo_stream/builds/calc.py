@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from grpo_stream.builds import sft
-from grpo_stream.builds.sft import Batch, WarmStart, build_main, finish, pad_rows
+from grpo_stream.builds.sft import Batch, Built, WarmStart, build_main, finish, pad_rows
 from grpo_stream.builds.tiny import build_model, build_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.calc import CalcEnv
@@ -160,13 +160,9 @@ def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 2000)
             "episodes": EVAL_PROBLEMS * 8,
         }
 
-    fields = {
-        "seed": seed,
-        "sft_steps": steps,
-        "target": target,
-        "tool_share": TOOL_SHARE,
-        "expected_success_at_stop": round(expected, 4),
-    }
+    fields = Built(seed, steps, target).fields(
+        tool_share=TOOL_SHARE, expected_success_at_stop=round(expected, 4)
+    )
     return finish(model, tokenizer, out, fields, measure, start)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from grpo_stream.builds import sft
-from grpo_stream.builds.sft import WarmStart, build_main, finish, pad_rows
+from grpo_stream.builds.sft import Built, WarmStart, build_main, finish, pad_rows
 from grpo_stream.builds.tiny import build_model, build_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.guess import GuessEnv
@@ -116,12 +116,7 @@ def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 2000)
             "episodes": HIGH * 16,
         }
 
-    fields = {
-        "seed": seed,
-        "sft_steps": steps,
-        "target": target,
-        "success_at_stop": round(rate_at_stop, 4),
-    }
+    fields = Built(seed, steps, target).fields(success_at_stop=round(rate_at_stop, 4))
     return finish(model, tokenizer, out, fields, measure, start)
 
 

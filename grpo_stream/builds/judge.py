@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from grpo_stream.builds import sft
-from grpo_stream.builds.sft import WarmStart, build_main, finish, pad_rows
+from grpo_stream.builds.sft import Built, WarmStart, build_main, finish, pad_rows
 from grpo_stream.builds.tiny import MAX_OPERAND
 from grpo_stream.models.loading import load_policy, load_tokenizer
 from grpo_stream.rewards.judge import DEFAULT_TEMPLATE, fill
@@ -127,13 +127,8 @@ def build(out: Path, seed: int = 0, target: float = 0.84, max_steps: int = 1000)
             "template": DEFAULT_TEMPLATE,
         }
 
-    fields = {
-        "seed": seed,
-        "base": "grpo-stream/tiny-arith",
-        "sft_steps": steps,
-        "target": target,
-        "verdict_accuracy_at_stop": round(acc, 4),
-    }
+    built = Built(seed, steps, target, base="grpo-stream/tiny-arith")
+    fields = built.fields(verdict_accuracy_at_stop=round(acc, 4))
     return finish(model, tokenizer, out, fields, measure, start)
 
 

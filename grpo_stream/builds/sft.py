@@ -116,6 +116,24 @@ def write_info(out: Path, info: dict[str, Any]) -> None:
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
+@dataclass(frozen=True)
+class Built:
+    """What every build_info.json opens with: the seed, the SFT steps the warm start ran and
+    the target it stopped at (after the seed, the model it started from where it
+    fine-tunes a shipped one)."""
+
+    seed: int
+    sft_steps: int
+    target: float
+    base: str | None = None
+
+    def fields(self, **at_stop: Any) -> dict[str, Any]:
+        """These, then `at_stop` (what the build measured when SFT stopped), in order."""
+        base = {} if self.base is None else {"base": self.base}
+        head = {"seed": self.seed, **base, "sft_steps": self.sft_steps, "target": self.target}
+        return {**head, **at_stop}
+
+
 def finish(
     model: Any,
     tokenizer: Any,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from grpo_stream.builds import sft
-from grpo_stream.builds.sft import WarmStart, build_main, finish, pad_rows
+from grpo_stream.builds.sft import Built, WarmStart, build_main, finish, pad_rows
 from grpo_stream.models.testing import qwen2_config
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -209,12 +209,7 @@ def build(out: Path, seed: int = 0, target: float = 0.30, max_steps: int = 3000)
             "accuracy_samples": len(pairs),
         }
 
-    fields = {
-        "seed": seed,
-        "sft_steps": steps,
-        "target": target,
-        "expected_accuracy_at_stop": round(sft_acc, 4),
-    }
+    fields = Built(seed, steps, target).fields(expected_accuracy_at_stop=round(sft_acc, 4))
     return finish(model, tokenizer, out, fields, measure, start)
 
 

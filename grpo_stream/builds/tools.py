@@ -39,7 +39,7 @@ from grpo_stream.agents.chat import ChatFormat, Conversation, assistant_message
 from grpo_stream.agents.toolcalls import ToolCall, format_reply, parse_reply
 from grpo_stream.builds import sft
 from grpo_stream.builds.calc import calc_task
-from grpo_stream.builds.sft import Batch, WarmStart, build_main, finish, pad_rows
+from grpo_stream.builds.sft import Batch, Built, WarmStart, build_main, finish, pad_rows
 from grpo_stream.builds.tiny import build_model, build_tokenizer
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.engines.hf import HFEngine
@@ -198,13 +198,9 @@ def build(out: Path, seed: int = 0, target: float = 0.20, max_steps: int = 3000)
         rates = success_rate(saved, reloaded, seed, samples=8)
         return {**{k: round(v, 4) for k, v in rates.items()}, "episodes": EVAL_PROBLEMS * 8}
 
-    fields = {
-        "seed": seed,
-        "sft_steps": steps,
-        "target": target,
-        "tool_share": TOOL_SHARE,
-        "expected_success_at_stop": round(expected, 4),
-    }
+    fields = Built(seed, steps, target).fields(
+        tool_share=TOOL_SHARE, expected_success_at_stop=round(expected, 4)
+    )
     return finish(model, tokenizer, out, fields, measure, start)
 
 

@@ -93,3 +93,15 @@ def test_finish_writes_fields_measures_size_and_torch_and_returns_the_time(tmp_p
     assert list(written.items()) == [*expected.items(), ("torch", torch.__version__)]
     assert info == {**written, "build_seconds": info["build_seconds"]}
     assert info["build_seconds"] > 0
+
+
+def test_build_info_opens_with_seed_base_steps_and_target_then_what_was_measured_at_stop() -> None:
+    built = sft.Built(seed=1, sft_steps=40, target=0.3, base="grpo-stream/tiny-arith")
+    assert list(built.fields(rate_at_stop=0.31).items()) == [
+        ("seed", 1),
+        ("base", "grpo-stream/tiny-arith"),
+        ("sft_steps", 40),
+        ("target", 0.3),
+        ("rate_at_stop", 0.31),
+    ]
+    assert list(sft.Built(0, 255, 0.3).fields()) == ["seed", "sft_steps", "target"]
