@@ -31,7 +31,7 @@ import structlog
 from grpo_stream.agents import worker
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.sandbox import EnvPoolError, env_code
-from grpo_stream.sandbox.pool import BAD_REPLY, Worker, WorkerPool
+from grpo_stream.sandbox.pool import BAD_REPLY, PoolOwner, Worker, WorkerPool
 
 log = structlog.get_logger()
 
@@ -54,7 +54,7 @@ class _Worker(Worker):
     cancelled: dict[int, str] = field(default_factory=dict)
 
 
-class AgentPool:
+class AgentPool(PoolOwner[_Worker]):
     """Worker processes running agents."""
 
     def __init__(self, settings: EnvSettings) -> None:
@@ -70,20 +70,8 @@ class AgentPool:
 
     def start(self) -> None:
         """Start the workers and wait until each has loaded the agent."""
-        self._pool.start()
+        super().start()
         log.info("agent.pool_started", agent=self.settings.agent, workers=self._pool.count)
-
-    def close(self) -> None:
-        """Stop every worker (SIGKILL after a grace period). Idempotent."""
-        self._pool.close()
-
-    @property
-    def restarts(self) -> int:
-        """Workers replaced so far."""
-        return self._pool.restarts
-
-    def worker_pids(self) -> list[int]:
-        return self._pool.pids()
 
     def conns(self) -> list[Connection]:
         return [w.conn for w in self._pool.workers]

@@ -36,7 +36,7 @@ from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs import worker
 from grpo_stream.envs.base import Step
 from grpo_stream.ratelimit import RateLimit
-from grpo_stream.sandbox.pool import BAD_REPLY, Worker, WorkerCode, WorkerPool
+from grpo_stream.sandbox.pool import BAD_REPLY, PoolOwner, Worker, WorkerCode, WorkerPool
 from grpo_stream.sandbox.worker import Handler
 
 log = structlog.get_logger()
@@ -61,7 +61,7 @@ class _Worker(Worker):
     keys: set[int] = field(default_factory=set)  # live episodes held
 
 
-class EnvPool:
+class EnvPool(PoolOwner[_Worker]):
     """Worker processes holding the environments of live episodes."""
 
     def __init__(self, settings: EnvSettings) -> None:
@@ -71,29 +71,10 @@ class EnvPool:
         self._pool = WorkerPool(code, settings.workers, _Worker)
         self.warn = RateLimit()  # a broken environment fails every episode: fold the events
 
-    def __enter__(self) -> EnvPool:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def start(self) -> None:
         """Start the workers and wait until each has loaded the environment."""
-        self._pool.start()
+        super().start()
         log.info("env.pool_started", env=self.settings.name, workers=self.settings.workers)
-
-    def close(self) -> None:
-        """Stop every worker (SIGKILL after a grace period). Idempotent."""
-        self._pool.close()
-
-    @property
-    def restarts(self) -> int:
-        """Workers replaced so far."""
-        return self._pool.restarts
-
-    def worker_pids(self) -> list[int]:
-        return self._pool.pids()
 
     # -- calls
 

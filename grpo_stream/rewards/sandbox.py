@@ -59,7 +59,14 @@ from grpo_stream.rewards import sandbox_worker
 from grpo_stream.rewards.calls import Call, Chunk, GroupCalls, ScoreResult
 from grpo_stream.rewards.failures import FailureLog
 from grpo_stream.rewards.sandbox_worker import FLUSH_S
-from grpo_stream.sandbox.pool import BAD_REPLY, STOP_GRACE_S, Worker, WorkerCode, WorkerPool
+from grpo_stream.sandbox.pool import (
+    BAD_REPLY,
+    STOP_GRACE_S,
+    PoolOwner,
+    Worker,
+    WorkerCode,
+    WorkerPool,
+)
 from grpo_stream.sandbox.worker import pack as _pack
 
 log = structlog.get_logger()
@@ -86,7 +93,7 @@ class _Worker(Worker):
     cpu_s: float = 0.0  # its CPU time since it loaded, as it last reported
 
 
-class RewardPool:
+class RewardPool(PoolOwner[_Worker]):
     """Worker processes that score completions with the configured reward functions."""
 
     def __init__(
@@ -137,24 +144,17 @@ class RewardPool:
         """Start the workers and wait until each has loaded the reward functions."""
         if self._closed or self._workers:
             raise RewardPoolError("RewardPool.start() may be called once, before close()")
-        self._pool.start()
+        super().start()
         self._log.info("reward.pool_started", workers=self._n_workers, rewards=self._names)
 
     def close(self) -> None:
         """Stop every worker (SIGKILL after a grace period) and reap it. Idempotent."""
         self._closed = True
-        self._pool.close()
+        super().close()
 
     @property
     def _workers(self) -> list[_Worker]:
         return self._pool.workers
-
-    def __enter__(self) -> RewardPool:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def stats(self) -> dict[str, Any]:
         """Counters: calls made, failures by cause, worker restarts."""
@@ -169,10 +169,6 @@ class RewardPool:
         """CPU seconds the workers spent since they loaded their rewards (replaced ones too,
         up to their last reply)."""
         return self._cpu_banked + sum(w.cpu_s for w in self._workers)
-
-    def worker_pids(self) -> list[int]:
-        """Pids of the current workers (for health reports; end processes by pid, never name)."""
-        return self._pool.pids()
 
     # -- scoring
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import msgpack
 import structlog
@@ -230,3 +230,35 @@ class WorkerPool(Generic[W]):
         w.conn.close()
         if w.proc.exitcode is not None:
             w.proc.close()
+
+
+class PoolOwner(Generic[W]):
+    """The lifecycle every owner of a `WorkerPool` shows its users (the reward, environment
+    and agent pools): `start`, `close`, a context manager, `restarts` and `worker_pids`. A
+    subclass sets `_pool` in its `__init__`, and gives the calls that carry its messages."""
+
+    _pool: WorkerPool[W]
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the workers and wait until each has loaded its user code."""
+        self._pool.start()
+
+    def close(self) -> None:
+        """Stop every worker (SIGKILL after a grace period) and reap it. Idempotent."""
+        self._pool.close()
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced so far."""
+        return self._pool.restarts
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the current workers (for health reports; end processes by pid, never name)."""
+        return self._pool.pids()
