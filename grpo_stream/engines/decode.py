@@ -214,3 +214,17 @@ def draw(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) ->
         sorted_p = sorted_p.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows left-padded with `pad_id` to the longest, and their attention mask (1 on a
+    row's own tokens), both (B, T) long on the CPU."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    return ids, mask

@@ -41,7 +41,7 @@ import structlog
 
 from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
 from grpo_stream.engines.base import to_torch
-from grpo_stream.engines.decode import Decoded, Decoder, version_runs
+from grpo_stream.engines.decode import Decoded, Decoder, left_pad, version_runs
 from grpo_stream.engines.hf_weights import plan_weight_update
 from grpo_stream.engines.inflight import BackgroundFetch
 from grpo_stream.engines.lora import HFAdapter
@@ -197,7 +197,8 @@ class HFEngine:
         (len(rows) * repeats out, a row's adjacent)."""
         import torch
 
-        input_ids, mask = self._left_pad(rows)
+        input_ids, mask = left_pad(rows, self._pad_id)  # (B, T) each
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         hook = self._between_steps if inflight else None
         with torch.inference_mode():
             got = self._decoder.run(
@@ -217,17 +218,6 @@ class HFEngine:
             if not ids:
                 raise ValueError(f"prompt {text!r} encodes to no tokens")
         return encoded
-
-    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, ids in enumerate(rows):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            mask[i, width - len(ids) :] = 1
-        return input_ids.to(self.device), mask.to(self.device)  # (B, T), (B, T)
 
     def _completions(self, got: Decoded, max_tokens: int) -> list[Completion]:
         tok_rows: list[list[int]] = got.tokens.cpu().tolist()

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from grpo_stream.engines.decode import Decoded, Decoder
+from grpo_stream.engines.decode import Decoded, Decoder, left_pad
 from grpo_stream.sampling import Completion, Sampling
 
 if TYPE_CHECKING:
@@ -177,12 +177,8 @@ class TurnCache:
         logits (n, V), the chunk's positions (n, W), the mask with the chunk (n, L + W))."""
         import torch
 
-        width = max(len(t) for t in tails)
-        chunk = torch.full((len(tails), width), self.pad_id, dtype=torch.long)
-        chunk_mask = torch.zeros((len(tails), width), dtype=torch.long)
-        for i, tail in enumerate(tails):
-            chunk[i, width - len(tail) :] = torch.tensor(tail, dtype=torch.long)
-            chunk_mask[i, width - len(tail) :] = 1
+        chunk, chunk_mask = left_pad(tails, self.pad_id)  # (n, W), (n, W)
+        width = chunk.shape[1]
         mask = torch.cat([mask, chunk_mask.to(self.device)], dim=-1)  # (n, L + W)
         positions = (mask.cumsum(-1) - 1)[:, -width:].clamp(min=0)  # (n, W)
         out = self.decoder.model(

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_stream.engines.decode import left_pad
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.sampling import Sampling
 
@@ -92,3 +93,9 @@ def test_repeated_cache_recomputed_after_an_inflight_swap_matches_every_row_pref
     assert [c.version_runs for c in repeated] == [c.version_runs for c in reference]
     for got, want in zip(repeated, reference, strict=True):
         np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_left_pad_right_aligns_each_row_after_the_pad_and_masks_only_its_tokens() -> None:
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
