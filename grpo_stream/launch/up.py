@@ -105,7 +105,8 @@ def teacher_count(cfg: RunConfig) -> int:
 
 
 def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
-    """Trainer, generators and scorers on this machine, as the config counts them."""
+    """Trainer, generators, scorers, and the evaluator and teachers where the run asks for
+    them, on this machine, as the config counts them (in this order)."""
     keys = security_args(cfg)
     n = cfg.run.restarts
     specs = [
@@ -116,30 +117,16 @@ def local_specs(cfg: RunConfig, hub: str, resume: bool) -> list[ServiceSpec]:
             restarts_left=n,
         )
     ]
-    specs += [
-        ServiceSpec(
-            f"generator-{i}",
-            "generator",
-            service_argv("generator", f"generator-{i}", hub, keys),
-            restarts_left=n,
-        )
-        for i in range(cfg.generator.count)
-    ]
-    specs += [
-        ServiceSpec(
-            f"scorer-{i}",
-            "scorer",
-            service_argv("scorer", f"scorer-{i}", hub, keys),
-            restarts_left=n,
-        )
-        for i in range(scorer_count(cfg))
-    ]
-    if cfg.eval.every > 0:  # evaluation during training: one evaluator beside the generators
-        argv = service_argv("evaluator", "evaluator-0", hub, keys)
-        specs.append(ServiceSpec("evaluator-0", "evaluator", argv, restarts_left=n))
-    for i in range(teacher_count(cfg)):  # distillation: teachers beside the scorers
-        argv = service_argv("teacher", f"teacher-{i}", hub, keys)
-        specs.append(ServiceSpec(f"teacher-{i}", "teacher", argv, restarts_left=n))
+    evaluators = 1 if cfg.eval.every > 0 else 0  # evaluation during training: one evaluator
+    for service, count in [
+        ("generator", cfg.generator.count),
+        ("scorer", scorer_count(cfg)),
+        ("evaluator", evaluators),
+        ("teacher", teacher_count(cfg)),  # distillation: teachers beside the scorers
+    ]:
+        for i in range(count):
+            argv = service_argv(service, f"{service}-{i}", hub, keys)
+            specs.append(ServiceSpec(f"{service}-{i}", service, argv, restarts_left=n))
     return specs
 
 

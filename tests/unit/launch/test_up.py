@@ -33,3 +33,25 @@ def test_distillation_runs_start_their_teachers_and_others_none() -> None:
     assert "teacher" not in services({})
     taught = services({"algo": {"distill": {"teacher": "x"}}, "teacher": {"count": 2}})
     assert taught.count("teacher") == 2 and taught.count("scorer") == 1
+
+
+def test_up_starts_the_trainer_then_generators_scorers_the_evaluator_and_teachers() -> None:
+    cfg = config_from_dict(
+        {
+            "generator": {"count": 2},
+            "scorer": {"count": 2},
+            "task": {"holdout": 0.1},
+            "eval": {"every": 10},
+            "algo": {"distill": {"teacher": "grpo-stream/tiny-arith"}},
+            "teacher": {"count": 2},
+        }
+    )
+    specs = local_specs(cfg, "tcp://h:1", False)
+    assert [s.instance for s in specs] == [
+        "trainer-0",
+        *["generator-0", "generator-1", "scorer-0", "scorer-1"],
+        *["evaluator-0", "teacher-0", "teacher-1"],
+    ]
+    for s in specs:
+        assert s.argv[s.argv.index("run") + 1 :][:3] == [s.service, "--instance", s.instance]
+        assert s.restarts_left == cfg.run.restarts
