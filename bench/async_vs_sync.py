@@ -23,6 +23,7 @@ from typing import Any
 from bench.common import (
     TINY_MODEL,
     StepSeries,
+    add_set,
     add_smoke,
     environment,
     fmt,
@@ -53,14 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     order = parser.add_mutually_exclusive_group()
     order.add_argument("--sync-first", dest="sync_first", action="store_true", default=True)
     order.add_argument("--async-first", dest="sync_first", action="store_false")
-    parser.add_argument(
-        "--set",
-        dest="extra_set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="extra setting for both runs (repeatable)",
-    )
+    add_set(parser, "extra_set", "extra setting for both runs (repeatable)")
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs per mode")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")

@@ -53,6 +53,13 @@ def add_smoke(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
 
 
+def add_set(parser: argparse.ArgumentParser, dest: str, help: str) -> None:
+    """`--set SECTION.KEY=VALUE`, repeatable: settings for `up`, collected in `dest`."""
+    parser.add_argument(
+        "--set", dest=dest, action="append", default=[], metavar="SECTION.KEY=VALUE", help=help
+    )
+
+
 def parse(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, smoke: Sequence[str]
 ) -> argparse.Namespace:

@@ -41,6 +41,7 @@ from bench.common import (
     REPO_ROOT,
     RESULTS_DIR,
     TINY_MODEL,
+    add_set,
     environment,
     fmt,
     run_pipeline,
@@ -69,14 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim-steps", type=int, default=300, help="steps of each simulation")
     parser.add_argument("--repeats", type=int, default=2, help="real rounds, modes alternating")
-    parser.add_argument(
-        "--set",
-        dest="extra_set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="extra setting for both real runs",
-    )
+    add_set(parser, "extra_set", "extra setting for both real runs")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per real run")
     parser.add_argument("--smoke", action="store_true", help="a short simulation only")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")

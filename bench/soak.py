@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_smoke, parse
+from bench.common import add_set, add_smoke, parse
 
 TERMINAL = ("trained", "filtered", "stale", "failed", "discarded")
 WEIGHT_EVENTS = ("weights.applied", "weights.sent_to_relay", "weights.relay_failed",
@@ -55,8 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup-steps", type=int, default=3,
                         help="Trainer steps before the first RSS sample.")  # fmt: skip
     parser.add_argument("--run-dir", type=Path, default=None, help="Default: a temporary dir.")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        help="Extra config override for `up` (repeatable).")  # fmt: skip
+    add_set(parser, "overrides", "Extra config override for `up` (repeatable).")
     parser.add_argument("--generators", type=int, default=1,
                         help="generator.count; the kills go round them in turn.")  # fmt: skip
     parser.add_argument("--no-deltas", dest="deltas", action="store_false",

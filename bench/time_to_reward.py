@@ -36,7 +36,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import add_smoke, environment, fmt, parse, results_path, save_json
+from bench.common import add_set, add_smoke, environment, fmt, parse, results_path, save_json
 from bench.time_to_reward_runs import SIDES, Curve, Job, run_ours, run_trl
 from bench.time_to_reward_tasks import TASKS, task_model, write_dataset
 
@@ -67,14 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME:SECTION.KEY=VALUE[,...]",
         help="one more side: ours with these settings (an alternative to a default)",
     )
-    parser.add_argument(
-        "--set",
-        dest="ours_set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="a setting for each of our sides (not TRL's)",
-    )
+    add_set(parser, "ours_set", "a setting for each of our sides (not TRL's)")
     add_smoke(parser)
     return parser
 

@@ -23,6 +23,7 @@ from typing import Any
 from bench.common import (
     TINY_MODEL,
     StepSeries,
+    add_set,
     environment,
     median_run,
     pipeline_overrides,
@@ -62,14 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--last-k", type=int, default=20, help="K of the reward means")
-    parser.add_argument(
-        "--set",
-        dest="ours_set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="extra setting for our pipeline only (repeatable), e.g. algo.loss.logprob_chunk=64",
-    )
+    example = "e.g. algo.loss.logprob_chunk=64"
+    add_set(parser, "ours_set", f"extra setting for our pipeline only (repeatable), {example}")
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs per side")
     parser.add_argument("--only", choices=["both", "ours", "trl"], default="both")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for our run")
