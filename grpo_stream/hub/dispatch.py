@@ -16,12 +16,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from typing import Protocol
 
 import numpy as np
 
 from grpo_stream.config import GeneratorSettings, RunConfig
+from grpo_stream.hub.leases import Lease
 from grpo_stream.hub.ledger import Ledger
 from grpo_stream.hub.registry import Peer, Registry
 from grpo_stream.hub.shares import ShareBook
@@ -30,6 +31,8 @@ from grpo_stream.protocols.distill import TeachRequest
 from grpo_stream.tasks import Task
 
 Send = Callable[[bytes, m.Message], object]
+Take = Callable[[str, float], tuple[Lease, int] | None]
+"""The ledger's lease of the oldest waiting group to a holder at a time (None: none waits)."""
 
 
 class Teachers(Protocol):
@@ -176,35 +179,35 @@ class Dispatcher:
     ) -> None:
         """Lease groups to scorers with credits: their texts (ScoreRequest), or under
         hub.payloads = "direct" where to fetch them (`refs`: a ScoreRef)."""
-        for peer in self.registry.of("scorer"):
-            while peer.credits > 0:
-                taken = self.ledger.take_for_scoring(peer.instance, now)
-                if taken is None:
-                    return
-                lease, gid = taken
-                peer.credits -= 1
-                if refs is not None:
-                    self.send(peer.identity, refs.score_request(lease.lease_id, gid))
-                    continue
-                problem = self.task.problem(gid)  # the hub's prompt and reference, never the
-                self.send(  # generator's: a Rollout carries neither
-                    peer.identity,
-                    m.ScoreRequest(
-                        lease_id=lease.lease_id,
-                        group_id=gid,
-                        prompt=problem.prompt,
-                        completions=list(rollouts[gid].texts),
-                        reference=dict(problem.reference),
-                    ),
-                )
+        for peer, lease_id, gid in self._leases("scorer", self.ledger.take_for_scoring, now):
+            if refs is not None:
+                self.send(peer.identity, refs.score_request(lease_id, gid))
+                continue
+            problem = self.task.problem(gid)  # the hub's prompt and reference, never the
+            self.send(  # generator's: a Rollout carries neither
+                peer.identity,
+                m.ScoreRequest(
+                    lease_id=lease_id,
+                    group_id=gid,
+                    prompt=problem.prompt,
+                    completions=list(rollouts[gid].texts),
+                    reference=dict(problem.reference),
+                ),
+            )
 
     def teachers(self, now: float, teaching: Teachers) -> None:
         """Lease groups waiting for a teacher to teachers with credits, one group each."""
-        for peer in self.registry.of("teacher"):
+        for peer, lease_id, gid in self._leases("teacher", self.ledger.take_for_teaching, now):
+            self.send(peer.identity, teaching.request(lease_id, gid))
+
+    def _leases(self, service: str, take: Take, now: float) -> Iterator[tuple[Peer, int, int]]:
+        """(peer, lease id, group id) for each group `take` leases to a `service` peer, one
+        credit a group, while peers have credits and groups wait."""
+        for peer in self.registry.of(service):
             while peer.credits > 0:
-                taken = self.ledger.take_for_teaching(peer.instance, now)
+                taken = take(peer.instance, now)
                 if taken is None:
                     return
                 lease, gid = taken
                 peer.credits -= 1
-                self.send(peer.identity, teaching.request(lease.lease_id, gid))
+                yield peer, lease.lease_id, gid
