@@ -29,7 +29,7 @@ from grpo_stream.hub.auth import load_secret, session_key, sign
 from grpo_stream.models.loading import load_tokenizer
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.codec import decode, encode
-from grpo_stream.sampling import Completion
+from grpo_stream.sampling import Completion, Sampling
 from grpo_stream.securitycheck import ask
 from grpo_stream.tasks import make_task
 from grpo_stream.transport.seal import MAIN, Sealer
@@ -167,7 +167,7 @@ class Rogue:
         env, gid = self.cfg.env, int(batch.group_ids[i])
         fmt = TurnFormat(self.tokenizer, self.cfg.task.chat_template, env.format)
         prompt, reference, g = batch.prompts[i], dict(batch.references[i]), batch.group_size
-        run = EpisodeRun([prompt], [reference], g, batch.sampling.max_tokens, 1.0, 1.0, seed=0)
+        run = EpisodeRun([prompt], [reference], g, Sampling(batch.sampling.max_tokens, seed=0))
         script = Script(self.tokenizer, ["8", "12", "10", "11", "9", "13"])
         played = run_episodes(script, self.tokenizer, LocalEnvs(env_factory(env)), fmt, env, run)
         ids, offsets, logprobs = np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0)
@@ -204,9 +204,9 @@ class Script:
         pass
 
     def complete(
-        self, keys: list[int], rows: list[list[int]], max_tokens: int, *_: Any, **__: Any
+        self, keys: list[int], rows: list[list[int]], sampling: Sampling
     ) -> list[Completion]:
-        eos = self.tokenizer.eos_token_id
+        max_tokens, eos = sampling.max_tokens, self.tokenizer.eos_token_id
         out = []
         for row in rows:
             text = self.replies[min(row.count(eos), len(self.replies) - 1)]

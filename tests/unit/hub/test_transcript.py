@@ -29,7 +29,7 @@ from grpo_stream.hub.transcript import Judged, Transcripts
 from grpo_stream.models.loading import load_tokenizer
 from grpo_stream.protocols import messages as m
 from grpo_stream.protocols.episodes import EpisodeScoreRequest
-from grpo_stream.sampling import Completion
+from grpo_stream.sampling import Completion, Sampling
 from grpo_stream.services.grouper import Grouper
 from grpo_stream.tasks.base import Problem
 from grpo_stream.transport.sockets import close_context
@@ -55,11 +55,12 @@ class Script:
         pass
 
     def complete(
-        self, keys: list[int], rows: list[list[int]], max_tokens: int, *_: Any, **__: Any
+        self, keys: list[int], rows: list[list[int]], sampling: Sampling
     ) -> list[Completion]:
         turns = [row.count(TOK.eos_token_id) for row in rows]
         return [
-            self._reply(self.replies[k][t], max_tokens) for k, t in zip(keys, turns, strict=True)
+            self._reply(self.replies[k][t], sampling.max_tokens)
+            for k, t in zip(keys, turns, strict=True)
         ]
 
     @staticmethod
@@ -80,7 +81,7 @@ def played(
     """The Rollout a generator sends for `replies`, played against the real environment."""
     problem = problem or Task().problem(gid)
     g = len(replies)
-    run = EpisodeRun([problem.prompt], [problem.reference], g, 4, 1.0, top_p=1.0, seed=0)
+    run = EpisodeRun([problem.prompt], [problem.reference], g, Sampling(4, 1.0, seed=0))
     episodes = run_episodes(Script(replies), TOK, LocalEnvs(env_factory(env)), FMT, env, run)
     empty = np.zeros(0, np.int32)
     sampling = sampling_params(load_config(None, []).generator)
