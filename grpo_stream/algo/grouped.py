@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from grpo_stream.algo.bins import first_fit_rows
-from grpo_stream.algo.logprobs import next_token_logprobs, token_logprobs
+from grpo_stream.algo.logprobs import SharedLayout, next_token_logprobs, token_logprobs
 
 MAX_ATTENTION_SHARE = 0.25
 """The most the dense attention of a row may cost against the rest of its forward
@@ -86,18 +86,13 @@ def rows_width(config: Any) -> int:
     return width + 1 if attention_share(width + 1, config) <= MAX_ATTENTION_SHARE else width
 
 
-def build_rows(
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    prompt_of: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_attn: torch.Tensor,
-) -> Rows:
-    """The rows of `prompt_ids`, `prompt_mask` (U, P) (distinct prompts, right-padded),
-    `prompt_of` (S,) non-decreasing and `completion_ids`, `completion_attn` (S, C). A group
+def build_rows(layout: SharedLayout) -> Rows:
+    """The rows of a shared-prompt `layout`. A group
     (a prompt and its completions) never spans two rows; groups share a row first-fit
     (algo/bins.py) within the widest group's width, so short groups do not pad to the
     longest. Pads hold token 0: no other token sees them and their logits are never read."""
+    prompt_ids, prompt_mask, prompt_of = layout.prompt_ids, layout.prompt_mask, layout.prompt_of
+    completion_ids, completion_attn = layout.completion_ids, layout.completion_attn
     device = prompt_ids.device
     prompt_len, comp_len, unit_len = _widths(prompt_mask, prompt_of, completion_attn)
     seqs, width = completion_ids.shape[0], int(unit_len.max())
@@ -163,11 +158,7 @@ def _mask(allowed: torch.Tensor, model: Any) -> torch.Tensor:
 
 def grouped_logprobs(
     model: Any,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    prompt_of: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_attn: torch.Tensor,
+    layout: SharedLayout,
     chunk: int,
     temperature: float = 1.0,
     with_entropy: bool = True,
@@ -177,7 +168,8 @@ def grouped_logprobs(
     their logits); a forward takes as many rows as fit the same token slots (at least one)."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    rows = build_rows(prompt_ids, prompt_mask, prompt_of, completion_ids, completion_attn)
+    rows = build_rows(layout)
+    prompt_ids, completion_ids = layout.prompt_ids, layout.completion_ids
     sequence = prompt_ids.shape[1] + completion_ids.shape[1]  # a sequence's slots, at most
     chunk = max(1, chunk * sequence // rows.input_ids.shape[1])  # rows per forward
     # the LM head runs from the first column that predicts a completion token on (the model
@@ -203,7 +195,7 @@ def grouped_logprobs(
         entropies.append(torch.zeros_like(logp) if ent is None else ent)
         order.append(seqs)
     inverse = torch.argsort(torch.cat(order))  # chunks hold their rows' sequences: reorder
-    valid = completion_attn.bool()
+    valid = layout.completion_attn.bool()
     logp_all = torch.cat(logps).index_select(0, inverse)
     ent_all = torch.cat(entropies).index_select(0, inverse)
     return torch.where(valid, logp_all, 0.0), torch.where(valid, ent_all, 0.0)
@@ -230,16 +222,8 @@ def _same(model: Any, prompt: torch.Tensor, completions: torch.Tensor, ones: tor
     device = prompt.device
     with torch.no_grad():
         of = torch.zeros(2, dtype=torch.long, device=device)
-        got, _ = grouped_logprobs(
-            model,
-            prompt_ids=prompt,
-            prompt_mask=torch.ones_like(prompt),
-            prompt_of=of,
-            completion_ids=completions,
-            completion_attn=ones,
-            chunk=1,
-            with_entropy=False,
-        )
+        layout = SharedLayout(prompt, torch.ones_like(prompt), of, completions, ones)
+        got, _ = grouped_logprobs(model, layout, chunk=1, with_entropy=False)
         full = torch.cat([prompt.expand(2, -1), completions], dim=1)
         mask = torch.zeros_like(full, dtype=torch.bool)
         mask[:, 3:] = True

@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +35,18 @@ BUCKET_OVERHEAD = 32
 (a pass through every layer, forward and backward) in units of one token's compute. Measured
 on the tiny model on one CPU thread (bench.vs_trl_step); larger models make a token dearer,
 so fewer slots' overhead."""
+
+
+@dataclass
+class SharedLayout:
+    """Sequences split at the prompts they share, each distinct prompt once (the layout
+    `shared_prompt_logprobs` and `grouped.grouped_logprobs` take)."""
+
+    prompt_ids: torch.Tensor  # (U, P) long: the distinct prompts, right-padded
+    prompt_mask: torch.Tensor  # (U, P) long
+    prompt_of: torch.Tensor  # (S,) long, non-decreasing: each sequence's prompt
+    completion_ids: torch.Tensor  # (S, C) long: the tokens after the prompt, right-padded
+    completion_attn: torch.Tensor  # (S, C) long
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -137,29 +150,24 @@ def shared_prompts_supported(model: Any) -> bool:
 
 def shared_prompt_logprobs(
     model: Any,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    prompt_of: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_attn: torch.Tensor,
+    layout: SharedLayout,
     chunk: int,
     temperature: float = 1.0,
     with_entropy: bool = True,
     bucket_overhead: int = BUCKET_OVERHEAD,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropies (S, C) float32 of completions that share prompts.
+    """Log-probs and entropies (S, C) float32 of completions that share prompts (`layout`).
 
-    `prompt_ids`, `prompt_mask` (U, P): the distinct prompts, right-padded; `prompt_of` (S,)
-    non-decreasing: the prompt of each sequence; `completion_ids`, `completion_attn` (S, C):
-    the tokens after each sequence's prompt, right-padded. `[s, j]` is
-    log p(completion_ids[s, j] | prompt, completion_ids[s, :j]), 0 on padding. Each prompt
-    runs once; prompts go through the model a few at a time, at most `chunk` sequences (or
-    one prompt's) per forward. Their completions then run in forwards by length
+    `[s, j]` is log p(completion_ids[s, j] | prompt, completion_ids[s, :j]), 0 on padding.
+    Each prompt runs once; prompts go through the model a few at a time, at most `chunk`
+    sequences (or one prompt's) per forward. Their completions then run in forwards by length
     (`completion_buckets`, one more forward costing `bucket_overhead` token slots), so a long
     completion does not pad every short one to its length.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    prompt_ids, prompt_of = layout.prompt_ids, layout.prompt_of
+    completion_ids, completion_attn = layout.completion_ids, layout.completion_attn
     counts = torch.bincount(prompt_of, minlength=prompt_ids.shape[0]).tolist()
     logps: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
@@ -173,7 +181,7 @@ def shared_prompt_logprobs(
         logp, ent = _shared_chunk(
             model,
             prompt_ids[lo:hi],
-            prompt_mask[lo:hi],
+            layout.prompt_mask[lo:hi],
             prompt_of[span] - lo,
             completion_ids[span],
             completion_attn[span],

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from grpo_stream.algo.logprobs import SharedLayout
 from grpo_stream.protocols.messages import TrainBatch
 
 
@@ -40,15 +41,10 @@ class Packing:
 
 
 @dataclass
-class SharedPrompts:
+class SharedPrompts(SharedLayout):
     """A micro-batch's sequences split at their prompts for a shared-prompt forward
     (grpo_stream.training.prompts): each distinct prompt once, each completion after it."""
 
-    prompt_ids: torch.Tensor  # (U, P) long, right-padded distinct prompts
-    prompt_mask: torch.Tensor  # (U, P) long
-    prompt_of: torch.Tensor  # (S,) long, non-decreasing: each sequence's prompt
-    completion_ids: torch.Tensor  # (S, C) long: the tokens after the prompt, right-padded
-    completion_attn: torch.Tensor  # (S, C) long
     index: torch.Tensor  # (S, T) long: the completion column of token t, clamped to [0, C)
     rows: bool = False  # run as one row per prompt (algo/grouped.py), else on its KV cache
 

@@ -186,17 +186,7 @@ def shared_logprobs(
         logp, entropy = rows_logprobs(model, sp, context, temperature, with_entropy)
         return _to_sequences(logp, sp.index, mask), _to_sequences(entropy, sp.index, mask)
     run = grouped_logprobs if sp.rows else shared_prompt_logprobs  # same arguments
-    logp, entropy = run(
-        model,
-        sp.prompt_ids,
-        sp.prompt_mask,
-        sp.prompt_of,
-        sp.completion_ids,
-        sp.completion_attn,
-        chunk,
-        temperature,
-        with_entropy,
-    )  # (S, C)
+    logp, entropy = run(model, sp, chunk, temperature, with_entropy)  # (S, C)
     return _to_sequences(logp, sp.index, mask), _to_sequences(entropy, sp.index, mask)
 
 

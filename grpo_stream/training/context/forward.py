@@ -150,9 +150,7 @@ def rows_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies (S, C) of completions laid out as prompt rows
     (`algo.grouped.build_rows`), as `grouped_logprobs` gives them; 0 on padding."""
-    rows = build_rows(
-        sp.prompt_ids, sp.prompt_mask, sp.prompt_of, sp.completion_ids, sp.completion_attn
-    )
+    rows = build_rows(sp)
     width = rows.input_ids.shape[1]
     wide = padded_width(width, ctx.size)
     allowed = torch.nn.functional.pad(rows.allowed, (0, wide - width, 0, wide - width))

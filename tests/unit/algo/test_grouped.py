@@ -4,6 +4,8 @@ and GPT-2; the mask's structure; the model check; the width rule."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,11 @@ from grpo_stream.algo.grouped import (
     rows_width,
     rows_work,
 )
+from grpo_stream.algo.logprobs import SharedLayout
 from grpo_stream.models import testing
+
+sys.path.insert(0, str(Path(__file__).parent))
+from shared_layouts import assert_same_grads, grads, shared_layout
 
 PROMPTS = [[1, 10, 11], [1, 12, 13, 14, 15], [3]]
 COMPLETIONS = [[5, 6, 2], [7], [8, 9, 4, 6], [11, 12], [13, 3, 2], [14, 15, 1, 2, 3, 4]]
@@ -32,33 +38,8 @@ CASES: dict[str, Case] = {
 }
 
 
-def shared_layout(case: Case = CASES["one group a row"]) -> dict[str, torch.Tensor]:
-    """The distinct prompts and the completions, each right-padded (training/prompts.py's
-    SharedPrompts fields)."""
-
-    def padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
-        return ids, mask
-
-    prompts, completions, prompt_of = case
-    prompt_ids, prompt_mask = padded(prompts)
-    completion_ids, completion_attn = padded(completions)
-    return {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "prompt_of": torch.tensor(prompt_of),
-        "completion_ids": completion_ids,
-        "completion_attn": completion_attn,
-    }
-
-
-def grads(model: Any) -> dict[str, torch.Tensor]:
-    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return out
+def layout(case: Case = CASES["one group a row"]) -> SharedLayout:
+    return shared_layout(*case)
 
 
 def own_forward(
@@ -99,7 +80,7 @@ def test_rows_give_each_sequences_own_logprobs(
     torch.set_num_threads(1)
     model = models()[name]
     want, want_ent = own_forward(model, temperature, CASES[case])
-    logp, ent = grouped_logprobs(model, **shared_layout(CASES[case]), chunk=chunk,
+    logp, ent = grouped_logprobs(model, layout(CASES[case]), chunk=chunk,
                                  temperature=temperature)  # fmt: skip
     for s, completion in enumerate(CASES[case][1]):
         n = len(completion)
@@ -117,19 +98,14 @@ def test_rows_give_each_sequences_own_gradients(case: str, name: str) -> None:
     want, _ = own_forward(model, 0.7, CASES[case])
     sum(w * lp.sum() for w, lp in zip(weights, want, strict=True)).backward()  # type: ignore[union-attr]
     expected = grads(model)
-    logp, _ = grouped_logprobs(model, **shared_layout(CASES[case]), chunk=2, temperature=0.7)
+    logp, _ = grouped_logprobs(model, layout(CASES[case]), chunk=2, temperature=0.7)
     (logp * weights.unsqueeze(1)).sum().backward()
-    got = grads(model)
-    assert got.keys() == expected.keys()
-    scale = max(float(g.abs().max()) for g in expected.values())
-    assert scale > 0
-    for key, g in expected.items():
-        torch.testing.assert_close(got[key], g, rtol=0, atol=1e-5 * max(scale, 1.0))
+    assert_same_grads(grads(model), expected, rel=1e-5)
 
 
 def test_a_completion_sees_its_prompt_and_itself_only() -> None:
-    data = shared_layout()
-    rows = build_rows(**data)
+    data = layout()
+    rows = build_rows(data)
     row = 0  # prompt [1, 10, 11], completions [5, 6, 2], [7], [8, 9, 4, 6]
     assert rows.input_ids[row].tolist() == [1, 10, 11, 5, 6, 2, 7, 8, 9, 4, 6]
     assert rows.position_ids[row].tolist() == [0, 1, 2, 3, 4, 5, 3, 3, 4, 5, 6]
@@ -172,7 +148,7 @@ def test_a_model_that_ignores_the_mask_fails_the_check() -> None:
 
 def test_chunk_must_be_positive() -> None:
     with pytest.raises(ValueError, match="chunk"):
-        grouped_logprobs(models()["gpt2"], **shared_layout(), chunk=0)
+        grouped_logprobs(models()["gpt2"], layout(), chunk=0)
 
 
 def test_attention_share_is_the_ratio_of_the_formula() -> None:
@@ -185,7 +161,7 @@ def test_attention_share_is_the_ratio_of_the_formula() -> None:
 
 
 def test_short_groups_share_a_row_and_never_see_each_other() -> None:
-    rows = build_rows(**shared_layout(CASES["groups share a row"]))
+    rows = build_rows(layout(CASES["groups share a row"]))
     assert rows.input_ids.shape == (2, 11)  # 11 | 3 + 5 (+ 3 pads)
     assert rows.input_ids[1, :8].tolist() == [3, 4, 14, 15, 1, 2, 13, 3]  # longest first
     assert rows.position_ids[1, :8].tolist() == [0, 1, 2, 2, 3, 0, 1, 2]

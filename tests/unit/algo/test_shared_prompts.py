@@ -4,17 +4,23 @@ full-sequence `token_logprobs`: values, entropies and gradients, on tiny Qwen2 a
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from grpo_stream.algo.logprobs import (
+    SharedLayout,
     completion_buckets,
     shared_prompt_logprobs,
     shared_prompts_supported,
     token_logprobs,
 )
+
+sys.path.insert(0, str(Path(__file__).parent))
+from shared_layouts import assert_same_grads, grads, shared_layout
 
 PROMPTS = [[1, 10, 11], [1, 12, 13, 14, 15], [3]]
 COMPLETIONS = [[5, 6, 2], [7], [8, 9, 4, 6], [11, 12], [13, 3, 2], [14, 15, 1, 2, 3]]
@@ -35,26 +41,8 @@ def full_layout() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
 
 
-def shared_layout() -> dict[str, torch.Tensor]:
-    width_p = max(map(len, PROMPTS))
-    width_c = max(map(len, COMPLETIONS))
-    prompt_ids = torch.zeros(len(PROMPTS), width_p, dtype=torch.long)
-    prompt_mask = torch.zeros_like(prompt_ids)
-    for u, p in enumerate(PROMPTS):
-        prompt_ids[u, : len(p)] = torch.tensor(p)
-        prompt_mask[u, : len(p)] = 1
-    completion_ids = torch.zeros(len(COMPLETIONS), width_c, dtype=torch.long)
-    completion_attn = torch.zeros_like(completion_ids)
-    for s, c in enumerate(COMPLETIONS):
-        completion_ids[s, : len(c)] = torch.tensor(c)
-        completion_attn[s, : len(c)] = 1
-    return {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "prompt_of": torch.tensor(PROMPT_OF),
-        "completion_ids": completion_ids,
-        "completion_attn": completion_attn,
-    }
+def layout() -> SharedLayout:
+    return shared_layout(PROMPTS, COMPLETIONS, PROMPT_OF)
 
 
 def to_full(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -63,12 +51,6 @@ def to_full(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     for s, c in enumerate(COMPLETIONS):
         start = len(PROMPTS[PROMPT_OF[s]])
         out[s, start : start + len(c)] = values[s, : len(c)]
-    return out
-
-
-def grads(model: Any) -> dict[str, torch.Tensor]:
-    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
     return out
 
 
@@ -85,7 +67,7 @@ def test_shared_prompt_logprobs_equal_the_full_forward(
     full = full_layout()
     ref, ref_ent = token_logprobs(tiny_model, **full, chunk=64, temperature=temperature)
     logp, ent = shared_prompt_logprobs(
-        tiny_model, **shared_layout(), chunk=chunk, temperature=temperature,
+        tiny_model, layout(), chunk=chunk, temperature=temperature,
         bucket_overhead=overhead,
     )  # fmt: skip
     torch.testing.assert_close(to_full(logp, ref), ref, rtol=0, atol=1e-6)
@@ -103,27 +85,22 @@ def test_shared_prompt_gradients_equal_the_full_forward(
     (ref * weights).sum().backward()
     expected = grads(lm)
     logp, _ = shared_prompt_logprobs(
-        lm, **shared_layout(), chunk=4, temperature=0.7, bucket_overhead=overhead
+        lm, layout(), chunk=4, temperature=0.7, bucket_overhead=overhead
     )
     (logp * weights).sum().backward()
-    got = grads(lm)
-    assert got.keys() == expected.keys()
-    scale = max(float(g.abs().max()) for g in expected.values())
-    assert scale > 0
-    for name, g in expected.items():
-        torch.testing.assert_close(got[name], g, rtol=0, atol=1e-6 * max(scale, 1.0))
+    assert_same_grads(grads(lm), expected, rel=1e-6)
 
 
 def test_padding_positions_hold_zero(tiny_model: Any) -> None:
-    data = shared_layout()
-    logp, ent = shared_prompt_logprobs(tiny_model, **data, chunk=64)
-    pads = data["completion_attn"] == 0
+    data = layout()
+    logp, ent = shared_prompt_logprobs(tiny_model, data, chunk=64)
+    pads = data.completion_attn == 0
     assert bool(pads.any())
     assert bool((logp[pads] == 0).all()) and bool((ent[pads] == 0).all())
 
 
 def test_without_entropy_the_entropies_are_zeros(tiny_model: Any) -> None:
-    _, ent = shared_prompt_logprobs(tiny_model, **shared_layout(), chunk=64, with_entropy=False)
+    _, ent = shared_prompt_logprobs(tiny_model, layout(), chunk=64, with_entropy=False)
     assert bool((ent == 0).all())
 
 
@@ -181,7 +158,7 @@ def test_the_split_forwards_run_one_per_bucket(tiny_model: Any) -> None:
 
     tiny_model.forward = counting
     try:
-        shared_prompt_logprobs(tiny_model, **shared_layout(), chunk=64, bucket_overhead=0)
+        shared_prompt_logprobs(tiny_model, layout(), chunk=64, bucket_overhead=0)
     finally:
         del tiny_model.forward
     lengths = [len(c) for c in COMPLETIONS]

@@ -27,17 +27,7 @@ GRADIENT_RTOL = 1e-5
 def _logprobs(model: Any, part: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
     """The micro-batch's log-probs whole, with the model's own attention (sdpa)."""
     if part.prompts is not None:
-        sp = part.prompts
-        return grouped_logprobs(
-            model,
-            sp.prompt_ids,
-            sp.prompt_mask,
-            sp.prompt_of,
-            sp.completion_ids,
-            sp.completion_attn,
-            100,
-            ranks.TEMPERATURE,
-        )
+        return grouped_logprobs(model, part.prompts, 100, ranks.TEMPERATURE)
     p = part.packing
     assert p is not None
     return token_logprobs(
