@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, environment, run_pipeline, save_json
+from grpo_stream.envs.episodes import EpisodeRun, run_episodes
 from grpo_stream.sampling import Sampling
 
 MODEL = "grpo-stream/tiny-tools"
@@ -78,7 +79,6 @@ def in_process(engine: Any, pool: Any, args: argparse.Namespace, seed: int) -> d
     """One batch through the turn loop against CalcToolsEnv."""
     from grpo_stream.agents.chat import ChatFormat
     from grpo_stream.builds.tools import TURN_TOKENS, env_prompt
-    from grpo_stream.envs.episodes import EpisodeRun, run_episodes
     from grpo_stream.envs.turns import TurnFormat
 
     fmt = ChatFormat(engine.tokenizer)
@@ -95,11 +95,10 @@ def in_process(engine: Any, pool: Any, args: argparse.Namespace, seed: int) -> d
 
 def endpoint(player: Any, args: argparse.Namespace, seed: int) -> dict[str, float]:
     """One batch played by calc_agent over HTTP."""
-    from grpo_stream.agents.player import AgentRun
     from grpo_stream.builds.tools import TURN_TOKENS
 
     batch = problems(args, seed)
-    run = AgentRun(
+    run = EpisodeRun(
         prompts=[p.prompt for p in batch],
         references=[p.reference for p in batch],
         group_size=args.group,

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -42,7 +41,7 @@ from grpo_stream.agents.inbox import Inbox
 from grpo_stream.agents.pool import AgentPool, Result
 from grpo_stream.agents.server import EndpointServer
 from grpo_stream.config.envs import EnvSettings
-from grpo_stream.envs.episodes import Episode, TurnEngine
+from grpo_stream.envs.episodes import Episode, EpisodeRun, TurnEngine
 from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.sampling import Sampling
@@ -50,18 +49,6 @@ from grpo_stream.sampling import Sampling
 log = structlog.get_logger()
 
 _IDLE_WAIT_S = 1.0
-
-
-@dataclass
-class AgentRun:
-    """The inputs of one batch of agent episodes."""
-
-    prompts: Sequence[str]
-    references: Sequence[dict[str, Any]]
-    group_size: int
-    sampling: Sampling
-    """The run's; its seed seeds the batch's engine calls (`Batcher`)."""
-    key_base: int = 0
 
 
 class AgentPlayer:
@@ -122,16 +109,9 @@ class AgentPlayer:
         return dict(self.counts)
 
     def play(self, batch: m.PromptBatch, sampling: Sampling) -> list[list[Episode]]:
-        run = AgentRun(
-            prompts=list(batch.prompts),
-            references=[dict(r) for r in batch.references],
-            group_size=batch.group_size,
-            sampling=sampling,
-            key_base=int(batch.lease_id) * len(batch.prompts) * batch.group_size,
-        )
-        return self.play_run(run)
+        return self.play_run(EpisodeRun.of_batch(batch, sampling))
 
-    def play_run(self, run: AgentRun) -> list[list[Episode]]:
+    def play_run(self, run: EpisodeRun) -> list[list[Episode]]:
         """Play G episodes per prompt; returns them grouped by prompt, in prompt order."""
         g = run.group_size
         eps = {

@@ -38,6 +38,7 @@ import structlog
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.envs.sandbox import Answer
 from grpo_stream.envs.turns import TurnFormat
+from grpo_stream.protocols import messages as m
 from grpo_stream.ratelimit import RateLimit
 from grpo_stream.sampling import Completion, Sampling
 
@@ -151,9 +152,21 @@ class EpisodeRun:
     references: Sequence[dict[str, Any]]
     group_size: int
     sampling: Sampling
-    """Each turn's: at most `max_tokens` tokens a reply, turn t seeded by `child(t)`."""
+    """Each turn's: at most `max_tokens` tokens a reply, turn t seeded by `child(t)` (agents:
+    its seed seeds the batch's engine calls, `agents.batcher`)."""
     key_base: int = 0
     """Episode keys are key_base + index (distinct per batch in flight)."""
+
+    @classmethod
+    def of_batch(cls, batch: m.PromptBatch, sampling: Sampling) -> EpisodeRun:
+        """The episodes of a hub's PromptBatch, keyed apart from every other lease's."""
+        return cls(
+            prompts=list(batch.prompts),
+            references=[dict(r) for r in batch.references],
+            group_size=batch.group_size,
+            sampling=sampling,
+            key_base=int(batch.lease_id) * len(batch.prompts) * batch.group_size,
+        )
 
 
 def run_episodes(

@@ -57,13 +57,7 @@ class EpisodePlayer:
         self.pool.close()
 
     def play(self, batch: m.PromptBatch, sampling: Sampling) -> list[list[Episode]]:
-        run = EpisodeRun(
-            prompts=list(batch.prompts),
-            references=[dict(r) for r in batch.references],
-            group_size=batch.group_size,
-            sampling=sampling,
-            key_base=int(batch.lease_id) * len(batch.prompts) * batch.group_size,
-        )
+        run = EpisodeRun.of_batch(batch, sampling)
         groups = run_episodes(
             self.engine, self.tokenizer, self.pool, self.format, self.settings, run
         )

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from grpo_stream.agents.player import AgentPlayer, AgentRun
+from grpo_stream.agents.player import AgentPlayer
 from grpo_stream.config.evaluator import EvalSettings
+from grpo_stream.envs.episodes import EpisodeRun
 from grpo_stream.evaluation import GREEDY_TOP_P, pass_at_k
 from grpo_stream.sampling import Sampling
 from grpo_stream.tasks.base import Problem
@@ -35,7 +36,7 @@ def evaluate_agent(
     """The eval.jsonl fields of one evaluation of the agent on `problems`, sampled as
     `sampling` (the run's, with its seed) says where the eval settings do not."""
     before = player.stats()
-    run = AgentRun(
+    run = EpisodeRun(
         prompts=[p.prompt for p in problems],
         references=[p.reference for p in problems],
         group_size=ev.k,

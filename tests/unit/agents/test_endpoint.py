@@ -14,10 +14,10 @@ import pytest
 
 from grpo_stream.agents.calc import CALC_TOOL
 from grpo_stream.agents.chat import ChatFormat
-from grpo_stream.agents.player import AgentPlayer, AgentRun
+from grpo_stream.agents.player import AgentPlayer
 from grpo_stream.builds.tools import build_tools_tokenizer
 from grpo_stream.config.envs import EnvSettings
-from grpo_stream.envs.episodes import Episode
+from grpo_stream.envs.episodes import Episode, EpisodeRun
 from grpo_stream.envs.sandbox import EnvPoolError
 from grpo_stream.sampling import Sampling
 
@@ -46,7 +46,7 @@ def play(
 ) -> list[Episode]:
     player.engine.script = script  # type: ignore[attr-defined]
     player.settings = player.pool.settings = BASE.model_copy(update=env)
-    run = AgentRun(
+    run = EpisodeRun(
         prompts=[f"p{i}" for i in range(len(dos))],
         references=[{"do": do, "answer": 7} for do in dos], group_size=group,
         sampling=Sampling(96, seed=0),

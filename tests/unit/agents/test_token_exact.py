@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from grpo_stream.agents.player import AgentPlayer, AgentRun
+from grpo_stream.agents.player import AgentPlayer
 from grpo_stream.config.envs import EnvSettings
-from grpo_stream.envs.episodes import Episode
+from grpo_stream.envs.episodes import Episode, EpisodeRun
 from grpo_stream.sampling import Sampling
 
 from ..envs.trained import check_trainer_logprobs, rollout_of
@@ -40,7 +40,7 @@ def played() -> Iterator[tuple[Any, list[Episode]]]:
                            max_episode_tokens=220, agent_timeout_s=60.0)  # fmt: skip
     try:
         with AgentPlayer(settings, engine, engine.tokenizer, MODEL) as player:
-            run = AgentRun(prompts=["37*48="], references=[{"answer": 1776}], group_size=GROUP,
+            run = EpisodeRun(prompts=["37*48="], references=[{"answer": 1776}], group_size=GROUP,
                            sampling=Sampling(MAX_TOKENS, seed=5))  # fmt: skip
             (episodes,) = player.play_run(run)
         yield engine, episodes

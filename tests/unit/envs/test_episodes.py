@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from structlog.testing import capture_logs
 
 from grpo_stream.config.envs import EnvSettings
@@ -13,6 +14,7 @@ from grpo_stream.engines.turn_cache import TurnCache
 from grpo_stream.envs.episodes import Episode, EpisodeRun, Stateless, open_session, run_episodes
 from grpo_stream.envs.sandbox import EnvPool
 from grpo_stream.envs.turns import TurnFormat
+from grpo_stream.protocols import messages as m
 from grpo_stream.sampling import Sampling
 
 
@@ -114,3 +116,22 @@ def test_kv_reuse_plays_the_episodes_the_stateless_path_plays(engine, make_pool)
     for a, b in zip(reused, whole, strict=True):
         assert a.token_ids == b.token_ids and a.turn_rewards == b.turn_rewards
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-5
+
+
+def test_the_episodes_of_two_leases_never_share_a_key() -> None:
+    def run(lease_id: int) -> EpisodeRun:
+        batch = m.PromptBatch(
+            lease_id=lease_id,
+            group_ids=np.array([4, 5], np.int64),
+            prompts=["guess 1-16:", "guess 1-16:"],
+            references=[{"target": 3, "high": 16}, {"target": 9, "high": 16}],
+            group_size=3,
+            min_version=0,
+            sampling=m.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4),
+        )
+        return EpisodeRun.of_batch(batch, Sampling(4, seed=0))
+
+    first, second = run(0), run(1)
+    assert first.references == [{"target": 3, "high": 16}, {"target": 9, "high": 16}]
+    keys = [set(range(r.key_base, r.key_base + 2 * r.group_size)) for r in (first, second)]
+    assert len(keys[0]) == len(keys[1]) == 6 and not keys[0] & keys[1]

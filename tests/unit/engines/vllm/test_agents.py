@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_stream.agents.player import AgentPlayer, AgentRun
+from grpo_stream.agents.player import AgentPlayer
 from grpo_stream.config import GeneratorSettings, ModelSettings
 from grpo_stream.config.envs import EnvSettings
 from grpo_stream.config.transport import SecuritySettings, TransportSettings
-from grpo_stream.envs.episodes import Episode
+from grpo_stream.envs.episodes import Episode, EpisodeRun
 from grpo_stream.sampling import Sampling
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +44,7 @@ def played() -> Iterator[list[Episode]]:
                            max_episode_tokens=200, agent_timeout_s=120.0)  # fmt: skip
     try:
         with AgentPlayer(settings, engine, engine.tokenizer, MODEL) as player:
-            run = AgentRun(prompts=["37*48="], references=[{"answer": 1776}], group_size=4,
+            run = EpisodeRun(prompts=["37*48="], references=[{"answer": 1776}], group_size=4,
                            sampling=Sampling(80, seed=5))  # fmt: skip
             (episodes,) = player.play_run(run)
         yield episodes
