@@ -9,6 +9,11 @@ import torch
 
 from grpo_stream.algo.logprobs import SharedLayout
 
+PROMPTS = [[1, 10, 11], [1, 12, 13, 14, 15], [3]]
+"""Three distinct prompts (two share their first token)."""
+PROMPT_OF = [0, 0, 0, 1, 1, 2]
+"""The prompt of each of six completions: three, two and one."""
+
 
 def shared_layout(
     prompts: list[list[int]], completions: list[list[int]], prompt_of: list[int]

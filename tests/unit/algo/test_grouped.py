@@ -22,11 +22,9 @@ from grpo_stream.algo.logprobs import SharedLayout
 from grpo_stream.models import testing
 
 sys.path.insert(0, str(Path(__file__).parent))
-from shared_layouts import assert_same_grads, grads, shared_layout
+from shared_layouts import PROMPT_OF, PROMPTS, assert_same_grads, grads, shared_layout
 
-PROMPTS = [[1, 10, 11], [1, 12, 13, 14, 15], [3]]
 COMPLETIONS = [[5, 6, 2], [7], [8, 9, 4, 6], [11, 12], [13, 3, 2], [14, 15, 1, 2, 3, 4]]
-PROMPT_OF = [0, 0, 0, 1, 1, 2]
 Case = tuple[list[list[int]], list[list[int]], list[int]]
 CASES: dict[str, Case] = {
     "one group a row": (PROMPTS, COMPLETIONS, PROMPT_OF),  # groups of 11, 10 and 7 tokens

@@ -20,11 +20,9 @@ from grpo_stream.algo.logprobs import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
-from shared_layouts import assert_same_grads, grads, shared_layout
+from shared_layouts import PROMPT_OF, PROMPTS, assert_same_grads, grads, shared_layout
 
-PROMPTS = [[1, 10, 11], [1, 12, 13, 14, 15], [3]]
 COMPLETIONS = [[5, 6, 2], [7], [8, 9, 4, 6], [11, 12], [13, 3, 2], [14, 15, 1, 2, 3]]
-PROMPT_OF = [0, 0, 0, 1, 1, 2]
 
 
 def full_layout() -> dict[str, torch.Tensor]:
