@@ -85,6 +85,20 @@ class Capacity(Protocol):
         ...
 
 
+def check_generate(prompts: list[str], group_size: int) -> None:
+    """`Engine.generate`'s arguments: at least one prompt and one completion each."""
+    if not prompts:
+        raise ValueError("generate needs at least one prompt")
+    if group_size < 1:
+        raise ValueError("group_size must be at least 1")
+
+
+def check_rows(rows: list[list[int]]) -> None:
+    """A `complete` call's rows: at least one, none empty (each continues its last token)."""
+    if not rows or any(not r for r in rows):
+        raise ValueError("complete needs non-empty rows of token ids")
+
+
 def to_torch(value: torch.Tensor | np.ndarray) -> torch.Tensor:
     """A torch tensor for a received array (ml_dtypes bfloat16 included); tensors pass through."""
     import torch

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
-from grpo_stream.engines.base import to_torch
+from grpo_stream.engines.base import check_generate, check_rows, to_torch
 from grpo_stream.engines.decode import Decoded, Decoder, left_pad, version_runs
 from grpo_stream.engines.hf_weights import plan_weight_update
 from grpo_stream.engines.inflight import BackgroundFetch
@@ -138,10 +138,7 @@ class HFEngine:
     ) -> list[GroupSample]:
         """Sample `group_size` completions of at most `sampling.max_tokens` tokens for each
         prompt."""
-        if not prompts:
-            raise ValueError("generate needs at least one prompt")
-        if group_size < 1:
-            raise ValueError("group_size must be at least 1")
+        check_generate(prompts, group_size)
         start = time.perf_counter()
         prompt_ids = self._encode(prompts)
         flat = self.sample_rows(prompt_ids, sampling, inflight=True, repeats=group_size)
@@ -168,8 +165,7 @@ class HFEngine:
         """One continuation of at most `sampling.max_tokens` tokens per row of token ids, fed
         exactly as given, each row prefilled whole (stateless; episodes keep the KV cache
         between turns with `open_turns`)."""
-        if not rows or any(not r for r in rows):
-            raise ValueError("complete needs non-empty rows of token ids")
+        check_rows(rows)
         return self.sample_rows(rows, sampling)
 
     def open_turns(self) -> TurnCache:

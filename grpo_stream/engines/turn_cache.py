@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from grpo_stream.engines.base import check_rows
 from grpo_stream.engines.decode import Decoded, Decoder, left_pad
 from grpo_stream.sampling import Completion, Sampling
 
@@ -226,7 +227,6 @@ class TurnCache:
 
 
 def _check(keys: list[int], rows: list[list[int]]) -> None:
-    if not rows or any(not r for r in rows):
-        raise ValueError("complete needs non-empty rows of token ids")
+    check_rows(rows)
     if len(keys) != len(rows) or len(set(keys)) != len(keys):
         raise ValueError("complete needs one distinct key per row")

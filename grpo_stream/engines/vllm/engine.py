@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from grpo_stream.config.transport import SecuritySettings, TransportSettings, WeightsSettings
+from grpo_stream.engines.base import check_generate, check_rows
 from grpo_stream.engines.lora import vllm_lora_args
 from grpo_stream.engines.streaming import seeds
 from grpo_stream.engines.vllm import compat as compat
@@ -230,8 +231,7 @@ class VLLMEngine:
     ) -> list[GroupSample]:
         """Sample `group_size` completions of at most `sampling.max_tokens` tokens for each
         prompt."""
-        if not prompts:
-            raise ValueError("generate needs at least one prompt")
+        check_generate(prompts, group_size)
         start = time.perf_counter()
         sink: queue.Queue[Finished] = queue.Queue()
         per_prompt = seeds(sampling.seed, len(prompts))
@@ -253,8 +253,7 @@ class VLLMEngine:
         """One continuation of at most `sampling.max_tokens` tokens per row of token ids, fed
         exactly as given (the multi-turn path); rows sharing a cached prefix reuse its KV
         blocks."""
-        if not rows or any(not r for r in rows):
-            raise ValueError("complete needs non-empty rows of token ids")
+        check_rows(rows)
         sink: queue.Queue[Finished] = queue.Queue()
         for i, (row, seed) in enumerate(zip(rows, seeds(sampling.seed, len(rows)), strict=True)):
             self.submit(i, row, 1, replace(sampling, seed=seed), sink)
