@@ -116,6 +116,21 @@ def server() -> Iterator[WeightServer]:
     close_context(ctx)
 
 
+def served_and_applied(gen: Generator, engine: Engine, server: WeightServer, want: int) -> None:
+    """The server publishes version `want` (the weights nudged); the generator, retrying as
+    the hub's next batches would, applies it within 10 s (its backoff after one failure is
+    1 s) and its failures reset."""
+    weights: list[tuple[str, Any]] = [
+        (n, p.detach().clone() + 0.01)
+        for n, p in engine.model.named_parameters()  # type: ignore[attr-defined]
+    ]
+    server.publish(want, weights)
+    deadline = time.monotonic() + 10
+    while engine.version < want and time.monotonic() < deadline:
+        gen._ensure_version(want)
+    assert engine.version == want and gen.weights.tracker.failures == 0
+
+
 def test_a_refusing_weight_server_is_retried_until_it_serves(
     hub: ScriptedHub, engine: Engine, server: WeightServer
 ) -> None:
@@ -127,15 +142,7 @@ def test_a_refusing_weight_server_is_retried_until_it_serves(
     want = tracker.announced
     assert not gen._ensure_version(want)  # no weights yet: no crash, retried later
     assert tracker.failures == 1
-    weights: list[tuple[str, Any]] = [
-        (n, p.detach().clone() + 0.01)
-        for n, p in engine.model.named_parameters()  # type: ignore[attr-defined]
-    ]
-    server.publish(want, weights)
-    deadline = time.monotonic() + 10
-    while engine.version < want and time.monotonic() < deadline:
-        gen._ensure_version(want)  # the backoff (1 s after one failure) passes, then it applies
-    assert engine.version == want and tracker.failures == 0
+    served_and_applied(gen, engine, server, want)
     session.close("done")
 
 
@@ -155,15 +162,7 @@ def test_a_server_that_died_is_given_up_and_retried_at_the_hubs_new_address(
     assert tracker.failures == 1 and tracker.reload
     # the hub's Welcome: restarted
     gen.link.peers = m.Endpoints(weights=server.addresses["weights"], announce="tcp://127.0.0.1:8")
-    weights: list[tuple[str, Any]] = [
-        (n, p.detach().clone() + 0.01)
-        for n, p in engine.model.named_parameters()  # type: ignore[attr-defined]
-    ]
-    server.publish(want, weights)
-    deadline = time.monotonic() + 10
-    while engine.version < want and time.monotonic() < deadline:
-        gen._ensure_version(want)
-    assert engine.version == want and tracker.failures == 0
+    served_and_applied(gen, engine, server, want)
     session.close("done")
 
 
