@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.engines.turn_cache import TurnCache
-from grpo_stream.sampling import Sampling
+from grpo_stream.sampling import Completion, Sampling
 
 PROMPTS = ["1", "12+34=", "7*8=?", "100-1=abc de"]  # uneven lengths: 1 to 12 tokens
 OBSERVATIONS = ["", "x", "abc", "h? lower"]  # 0 to 8 tokens, one per row
@@ -75,6 +75,17 @@ def max_gap_to_fresh_forward(engine: HFEngine, played: dict[int, Any], temperatu
         for pos, tok, lp in sampled:
             gap = max(gap, abs(float(logp[pos - 1, tok]) - lp))
     return gap
+
+
+def assert_same_completions(got: list[Completion], expected: list[Completion]) -> None:
+    """The same tokens, and log-probs within 1e-5 (the cache's and a fresh forward's)."""
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    gaps = [
+        abs(a - b)
+        for x, y in zip(got, expected, strict=True)
+        for a, b in zip(x.logprobs, y.logprobs, strict=True)
+    ]
+    assert max(gaps) < 1e-5
 
 
 def test_logprobs_of_a_3_turn_episode_with_kv_reuse_equal_a_fresh_forward(
@@ -151,13 +162,7 @@ def test_a_row_with_nothing_new_samples_as_from_a_fresh_prefill(
     session.complete([0, 1, 2, 3], rows, Sampling(1, seed=3))  # the same rows: all cached
     again = session.complete([0, 1, 2, 3], rows, Sampling(4, seed=4))
     expected = hf_engine.complete(rows, Sampling(4, seed=4))
-    assert [c.token_ids for c in again] == [c.token_ids for c in expected]
-    gaps = [
-        abs(a - b)
-        for x, y in zip(again, expected, strict=True)
-        for a, b in zip(x.logprobs, y.logprobs, strict=True)
-    ]
-    assert max(gaps) < 1e-5
+    assert_same_completions(again, expected)
 
 
 def test_a_new_weights_version_drops_the_cache(hf_engine: HFEngine, tokenizer: Any) -> None:
@@ -206,14 +211,8 @@ def test_the_first_turn_prefills_each_distinct_row_once(
     got = session.complete(list(range(12)), rows, Sampling(5, seed=9))
     assert session.prefilled == sum(len(p) for p in prompts)
     expected = ends_early.complete(rows, Sampling(5, seed=9))
-    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    assert_same_completions(got, expected)
     assert len({tuple(c.token_ids) for c in got}) > 3  # the copies sampled differently
-    gaps = [
-        abs(a - b)
-        for x, y in zip(got, expected, strict=True)
-        for a, b in zip(x.logprobs, y.logprobs, strict=True)
-    ]
-    assert max(gaps) < 1e-5
 
 
 def test_episodes_that_played_alike_are_fed_once(hf_engine: HFEngine, tokenizer: Any) -> None:
