@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,9 @@ import torch
 from grpo_stream.engines import Engine
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.sampling import GroupSample, Sampling
+
+sys.path.insert(0, str(Path(__file__).parent))
+from teacher_forced import teacher_forced_logprobs
 
 PROMPTS = ["1+2=", "12+34=", "7*8=?", "100-1="]
 
@@ -35,19 +40,6 @@ def biased_logit(engine: HFEngine, token_id: int, bias: float) -> Iterator[None]
         yield
     finally:
         handle.remove()
-
-
-def teacher_forced_logprobs(
-    model: Any, prompt_ids: list[int], token_ids: list[int], temperature: float
-) -> list[float]:
-    """log_softmax(logits / T) of each completion token from one unpadded forward pass."""
-    ids = torch.tensor([prompt_ids + token_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()  # (T, V)
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    start = len(prompt_ids) - 1
-    rows = logp[start : start + len(token_ids)]
-    return rows.gather(-1, torch.tensor(token_ids)[:, None])[:, 0].tolist()
 
 
 def perturbed(model: Any, scale: float) -> list[tuple[str, np.ndarray]]:

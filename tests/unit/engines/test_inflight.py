@@ -5,6 +5,8 @@ of the version that sampled it (KV recomputed) or, keeping the KV cache, exact b
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,16 +16,16 @@ import torch
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.sampling import Sampling
 
+sys.path.insert(0, str(Path(__file__).parent))
+from teacher_forced import teacher_forced_logprobs
+
 PROMPTS = ["1+2=", "12+34=", "7*8=?"]  # different lengths: rows are left-padded
 SWAP_AFTER = 3  # tokens sampled under version 0
 
 
 def teacher_forced(model: Any, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
-    """log_softmax(logits) of each completion token from one unpadded forward pass (T = 1)."""
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt_ids + token_ids])).logits[0].float()
-    rows = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
-    return rows.gather(-1, torch.tensor(token_ids)[:, None])[:, 0].numpy()
+    """`teacher_forced_logprobs` at T = 1, as an array."""
+    return np.array(teacher_forced_logprobs(model, prompt_ids, token_ids), dtype=np.float32)
 
 
 def swap_mid_batch(engine: HFEngine, keep_kv: bool) -> tuple[list[Any], dict[str, Any]]:

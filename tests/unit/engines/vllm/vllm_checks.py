@@ -4,7 +4,9 @@ perturbed copy of a model (a new weights version), and finding a vLLM worker pro
 from __future__ import annotations
 
 import copy
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -12,18 +14,15 @@ import torch
 
 from grpo_stream.sampling import GroupSample
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from teacher_forced import teacher_forced_logprobs
+
 
 def logprob_errors(prompt_ids: list[int], token_ids: list[int], logprobs: list[float],
                    model: Any, temperature: float = 1.0) -> list[float]:  # fmt: skip
     """|engine log-prob - teacher-forced log_softmax(logits / T)| per completion token."""
-    ids = torch.tensor([prompt_ids + token_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()  # (T, V)
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    start = len(prompt_ids) - 1
-    expected = logp[start : start + len(token_ids)]
-    expected = expected.gather(-1, torch.tensor(token_ids)[:, None])[:, 0]
-    return (expected - torch.tensor(logprobs)).abs().tolist()
+    expected = teacher_forced_logprobs(model, prompt_ids, token_ids, temperature)
+    return [abs(e - lp) for e, lp in zip(expected, logprobs, strict=True)]
 
 
 def max_logprob_error(groups: list[GroupSample], model: Any, temperature: float = 1.0) -> float:
