@@ -29,6 +29,15 @@ def _nudged(arr: np.ndarray, rng: np.random.Generator, frac: float) -> np.ndarra
     return out
 
 
+def _base_and_delta(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random bf16 tensor of `n` elements and the delta to it nudged at 5% of them."""
+    rng = np.random.default_rng(seed)
+    base = _bf16(rng, n)
+    payload = encode_delta(base, _nudged(base, rng, 0.05), level=3)
+    assert payload is not None
+    return base, payload
+
+
 def test_delta_applied_to_its_base_gives_the_new_tensor_bit_for_bit() -> None:
     rng = np.random.default_rng(0)
     base = _bf16(rng, 100_000)
@@ -50,19 +59,13 @@ def test_delta_between_different_shapes_is_not_made() -> None:
 
 
 def test_truncated_delta_is_refused() -> None:
-    rng = np.random.default_rng(2)
-    base = _bf16(rng, 10_000)
-    payload = encode_delta(base, _nudged(base, rng, 0.05), level=3)
-    assert payload is not None
+    base, payload = _base_and_delta(2, 10_000)
     with pytest.raises(DeltaError):
         apply_delta(base, payload[: payload.nbytes // 2])
 
 
 def test_corrupt_delta_is_refused_by_the_frame_checksum() -> None:
-    rng = np.random.default_rng(3)
-    base = _bf16(rng, 10_000)
-    payload = encode_delta(base, _nudged(base, rng, 0.05), level=3)
-    assert payload is not None
+    base, payload = _base_and_delta(3, 10_000)
     bad = payload.copy()
     bad[bad.nbytes // 2] ^= 0xFF
     with pytest.raises(DeltaError):
@@ -70,10 +73,7 @@ def test_corrupt_delta_is_refused_by_the_frame_checksum() -> None:
 
 
 def test_delta_against_a_base_of_another_size_is_refused() -> None:
-    rng = np.random.default_rng(4)
-    base = _bf16(rng, 1000)
-    payload = encode_delta(base, _nudged(base, rng, 0.05), level=3)
-    assert payload is not None
+    base, payload = _base_and_delta(4, 1000)
     with pytest.raises(DeltaError):
         apply_delta(base[:500], payload)
 

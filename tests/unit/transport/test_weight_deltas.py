@@ -67,6 +67,16 @@ def _fetch(replica: Replica, ctx: Context, address: str) -> int:
     return replica.fetch(ctx, address, SETTINGS, SecuritySettings(), timeout_s=20)
 
 
+def _fetched_as_delta(
+    replica: Replica, ctx: Context, address: str, version: int, full: int, trainer: Trainer
+) -> None:
+    """The replica fetches `version`, in fewer bytes than the `full` set (a delta), and then
+    holds the trainer's weights bit for bit."""
+    assert _fetch(replica, ctx, address) == version
+    assert replica.last_wire_bytes < full
+    assert _same(replica, trainer.named()), version
+
+
 def test_fifty_delta_versions_reconstruct_bit_for_bit(server: WeightServer, ctx: Context) -> None:
     trainer, replica = Trainer(), Replica()
     address = server.addresses["weights"]
@@ -76,9 +86,7 @@ def test_fifty_delta_versions_reconstruct_bit_for_bit(server: WeightServer, ctx:
     for version in range(1, 51):
         trainer.step()
         server.publish(version, trainer.named())
-        assert _fetch(replica, ctx, address) == version
-        assert replica.last_wire_bytes < full  # it came as a delta
-        assert _same(replica, trainer.named()), version
+        _fetched_as_delta(replica, ctx, address, version, full, trainer)
 
 
 def test_fetcher_that_skipped_versions_gets_a_composed_delta(
@@ -92,9 +100,7 @@ def test_fetcher_that_skipped_versions_gets_a_composed_delta(
     for version in range(1, 5):  # 4 steps: within the default delta_window
         trainer.step()
         server.publish(version, trainer.named())
-    assert _fetch(replica, ctx, address) == 4
-    assert replica.last_wire_bytes < full
-    assert _same(replica, trainer.named())
+    _fetched_as_delta(replica, ctx, address, 4, full, trainer)
 
 
 def test_fetcher_that_joins_late_gets_the_full_set_then_deltas(
@@ -109,9 +115,7 @@ def test_fetcher_that_joins_late_gets_the_full_set_then_deltas(
     assert _fetch(late, ctx, address) == 11
     full = late.last_wire_bytes
     server.publish(12, trainer.named())
-    assert _fetch(late, ctx, address) == 12
-    assert late.last_wire_bytes < full
-    assert _same(late, trainer.named())
+    _fetched_as_delta(late, ctx, address, 12, full, trainer)
 
 
 def test_wrong_base_content_is_refused_once_and_refetched_in_full(
