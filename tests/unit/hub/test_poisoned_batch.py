@@ -19,29 +19,28 @@ def served(d: Desk) -> list[list[int]]:
     return [[int(g) for g in msg.group_ids] for _, msg in d.sent if isinstance(msg, m.TrainBatch)]
 
 
-def desk_with_checkpoints() -> tuple[Desk, list[int]]:
+def step_zero_served(groups: int) -> tuple[Desk, list[int]]:
+    """A desk (crash_limit 2; its checkpoints counted) with `groups` buffered, step 0's
+    batch served to trainer "t"."""
     d = Desk()
     checkpoints: list[int] = []
     d.desk.crash_limit = 2
     d.desk.checkpoint = lambda: checkpoints.append(1)
+    d.buffer_groups(groups)
+    d.desk.add(b"t", request(0))
+    d.desk.serve()
     return d, checkpoints
 
 
 def test_one_death_gets_the_same_batch_again() -> None:
-    d, checkpoints = desk_with_checkpoints()
-    d.buffer_groups(2 * GPS)
-    d.desk.add(b"t", request(0))
-    d.desk.serve()
+    d, checkpoints = step_zero_served(2 * GPS)
     d.desk.trainer_died()
     d.desk.add(b"t2", request(0))  # the restarted trainer asks again: exactly-once resend
     assert served(d)[0] == served(d)[1] and checkpoints == []
 
 
 def test_the_batch_the_trainer_died_on_twice_is_replaced_by_new_groups() -> None:
-    d, checkpoints = desk_with_checkpoints()
-    d.buffer_groups(2 * GPS)
-    d.desk.add(b"t", request(0))
-    d.desk.serve()
+    d, checkpoints = step_zero_served(2 * GPS)
     first = served(d)[0]
     for _ in range(2):
         d.desk.trainer_died()
@@ -58,10 +57,7 @@ def test_the_batch_the_trainer_died_on_twice_is_replaced_by_new_groups() -> None
 
 
 def test_a_death_after_the_next_step_was_asked_does_not_count() -> None:
-    d, _ = desk_with_checkpoints()
-    d.buffer_groups(3 * GPS)
-    d.desk.add(b"t", request(0))
-    d.desk.serve()
+    d, _ = step_zero_served(3 * GPS)
     d.desk.trainer_died()
     d.desk.add(b"t", request(1))  # it got past step 0
     d.desk.serve()

@@ -139,12 +139,19 @@ def test_ahead_the_gate_plans_replacements_from_the_signal_rate_up_to_the_bound(
     assert without.pipeline().capacity() == 8  # not ahead: one prompt per slot
 
 
-def test_ahead_without_refills_left_the_gate_lets_out_one_prompt_per_slot() -> None:
+def refill_used() -> Ledger:
+    """A ledger ahead, max_refill_ratio 0.25 at a signal rate of 1/2: the step's one refill,
+    used on a group without signal."""
     lg = ledger(ratio=0.25, staleness=1, ahead=True)
     for had_signal in [True, False]:
         lg.refill.observe(had_signal)
     ids = generate_and_score(lg, 2)
     assert lg.drop_zero_signal(ids[0])  # the step's one refill is used
+    return lg
+
+
+def test_ahead_without_refills_left_the_gate_lets_out_one_prompt_per_slot() -> None:
+    lg = refill_used()
     assert lg.pipeline().capacity() == 2 * GPS - 1  # 8 slots, one buffered group
 
 
@@ -241,9 +248,5 @@ def test_ahead_a_lease_holds_a_steps_prompts_and_their_expected_replacements() -
 
 
 def test_ahead_once_the_steps_refills_are_used_a_lease_is_a_steps_prompts() -> None:
-    lg = ledger(ratio=0.25, staleness=1, ahead=True)
-    for had_signal in [True, False]:
-        lg.refill.observe(had_signal)
-    ids = generate_and_score(lg, 2)
-    assert lg.drop_zero_signal(ids[0])  # the step's one refill is used
+    lg = refill_used()
     assert lg.refill.lease(16, ahead=True) == 16
