@@ -73,12 +73,17 @@ def test_versions_replace_each_other_without_accumulating(hf_engine: HFEngine, b
     assert torch.equal(logits(hf_engine.model), once)  # merged from the kept base each time
 
 
+def version_one_applied(hf_engine: HFEngine, base: Any) -> torch.Tensor:
+    """Apply a good adapter as version 1; the engine's logits with it."""
+    _, good = trained_adapter(base, seed=1)
+    hf_engine.load_weights(good, 1)
+    return logits(hf_engine.model)
+
+
 def test_adapter_for_another_base_is_refused_and_nothing_applied(
     hf_engine: HFEngine, base: Any
 ) -> None:
-    _, good = trained_adapter(base, seed=1)
-    hf_engine.load_weights(good, 1)
-    before = logits(hf_engine.model)
+    before = version_one_applied(hf_engine, base)
     other = copy.deepcopy(base)
     with torch.no_grad():
         other.model.layers[0].mlp.up_proj.weight.mul_(1.5)
@@ -93,9 +98,7 @@ def test_adapter_for_another_base_is_refused_and_nothing_applied(
 def test_incomplete_adapter_version_is_refused_before_any_write(
     hf_engine: HFEngine, base: Any
 ) -> None:
-    _, good = trained_adapter(base, seed=1)
-    hf_engine.load_weights(good, 1)
-    before = logits(hf_engine.model)
+    before = version_one_applied(hf_engine, base)
     _, newer = trained_adapter(base, seed=2)
     with pytest.raises(AdapterError, match="do not match its manifest"):
         hf_engine.load_weights(newer[1:], 2)  # a tensor lost on the way
