@@ -67,6 +67,15 @@ def _fetch(replica: Replica, ctx: Context, address: str) -> int:
     return replica.fetch(ctx, address, SETTINGS, SecuritySettings(), timeout_s=20)
 
 
+def _version_zero_held(server: WeightServer, ctx: Context) -> tuple[Trainer, Replica, str]:
+    """A trainer's version 0 published, and a replica that fetched it (in full)."""
+    trainer, replica = Trainer(), Replica()
+    address = server.addresses["weights"]
+    server.publish(0, trainer.named())
+    _fetch(replica, ctx, address)
+    return trainer, replica, address
+
+
 def _fetched_as_delta(
     replica: Replica, ctx: Context, address: str, version: int, full: int, trainer: Trainer
 ) -> None:
@@ -78,10 +87,7 @@ def _fetched_as_delta(
 
 
 def test_fifty_delta_versions_reconstruct_bit_for_bit(server: WeightServer, ctx: Context) -> None:
-    trainer, replica = Trainer(), Replica()
-    address = server.addresses["weights"]
-    server.publish(0, trainer.named())
-    _fetch(replica, ctx, address)
+    trainer, replica, address = _version_zero_held(server, ctx)
     full = replica.last_wire_bytes
     for version in range(1, 51):
         trainer.step()
@@ -92,10 +98,7 @@ def test_fifty_delta_versions_reconstruct_bit_for_bit(server: WeightServer, ctx:
 def test_fetcher_that_skipped_versions_gets_a_composed_delta(
     server: WeightServer, ctx: Context
 ) -> None:
-    trainer, replica = Trainer(), Replica()
-    address = server.addresses["weights"]
-    server.publish(0, trainer.named())
-    _fetch(replica, ctx, address)
+    trainer, replica, address = _version_zero_held(server, ctx)
     full = replica.last_wire_bytes
     for version in range(1, 5):  # 4 steps: within the default delta_window
         trainer.step()
@@ -121,10 +124,7 @@ def test_fetcher_that_joins_late_gets_the_full_set_then_deltas(
 def test_wrong_base_content_is_refused_once_and_refetched_in_full(
     server: WeightServer, ctx: Context
 ) -> None:
-    trainer, replica = Trainer(), Replica()
-    address = server.addresses["weights"]
-    server.publish(0, trainer.named())
-    _fetch(replica, ctx, address)
+    trainer, replica, address = _version_zero_held(server, ctx)
     replica.arrays["w1"] = replica.arrays["w1"].copy()
     replica.arrays["w1"].view(np.uint16)[0] ^= 1  # the held base is not what it claims
     trainer.step()
