@@ -48,7 +48,7 @@ import contextlib
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import torch
@@ -174,6 +174,24 @@ def _tree_bytes(obj: Any) -> int:
     return 0
 
 
+class Guarded(Protocol):
+    """What a rollback restores (the trainer's state holds these; so may a test's)."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+    @property
+    def regularizer(self) -> GradRegularizer: ...
+
+    @property
+    def scheduler(self) -> Any:
+        """Its state_dict is kept too; None: there is none."""
+        ...
+
+
 class RollbackGuard:
     """Keeps the last stable state in memory and restores it on a non-finite step."""
 
@@ -205,16 +223,10 @@ class RollbackGuard:
         """Product of the lr factors applied so far (for a scheduler that rewrites lr)."""
         return float(self.settings.lr_factor**self.total)
 
-    def snapshot(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        regularizer: GradRegularizer,
-        step: int,
-        scheduler: Any = None,
-    ) -> None:
+    def snapshot(self, parts: Guarded, step: int) -> None:
         """Copy the current (stable) state as the restore point (on GPUs with the snapshot
         on the CPU, an overlapped copy: see the module docstring)."""
+        model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
         device = torch.device("cpu") if self.settings.snapshot_on_cpu else None
         prev = self._snap
         self._snap = None  # a failure while copying must not leave a half-written restore point
@@ -231,7 +243,7 @@ class RollbackGuard:
             step=step,
             model=snap_model,
             optimizer=snap_optimizer,
-            regularizer=copy.deepcopy(regularizer.state_dict()),
+            regularizer=copy.deepcopy(parts.regularizer.state_dict()),
             scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
             rng=_clone_tree(rng_state(), None),
         )
@@ -260,18 +272,11 @@ class RollbackGuard:
         if self._copied is not None:
             self._copied.synchronize()
 
-    def after_step(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        regularizer: GradRegularizer,
-        step: int,
-        scheduler: Any = None,
-    ) -> None:
+    def after_step(self, parts: Guarded, step: int) -> None:
         """An applied step: take the restore point when `step` is a multiple of
         snapshot_every."""
         if step % self.settings.snapshot_every == 0:
-            self.snapshot(model, optimizer, regularizer, step, scheduler)
+            self.snapshot(parts, step)
 
     def state_dict(self) -> dict[str, int]:
         return {"total": self.total, "explosions": self.explosions}
@@ -302,20 +307,14 @@ class RollbackGuard:
             self.last_cause = "non_finite_grad"
         return not (loss_bad or grad_bad)
 
-    def rollback(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        regularizer: GradRegularizer,
-        step: int,
-        cause: str,
-        scheduler: Any = None,
-    ) -> None:
+    def rollback(self, parts: Guarded, step: int, cause: str) -> None:
         """Restore the snapshot, lower lr, raise tau, log `grpo.rollback`. `step` is the
         number of applied steps so far (the failing step is step + 1).
 
         Raises TooManyRollbacks when this would be rollback max_consecutive + 1 in a row.
         """
+        model, optimizer, regularizer = parts.model, parts.optimizer, parts.regularizer
+        scheduler = parts.scheduler
         if self._snap is None:
             raise RuntimeError("rollback before any snapshot: call guard.snapshot() first")
         self.consecutive += 1

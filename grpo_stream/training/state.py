@@ -142,13 +142,13 @@ class TrainState:
         elif t.prompt_rows and state._shares_prompts(str(model.config._attn_implementation)):
             state.rows_ok = rows_work(model)
             log.info("trainer.prompt_rows", works=state.rows_ok)
-        state.guard.snapshot(model, optimizer, state.regularizer, state.step, scheduler)
+        state.guard.snapshot(state, state.step)
         return state
 
     def checkpoint(self) -> Path | None:
         """Every rank calls this: each takes a new rollback snapshot (of its own shard under
         FSDP2) and joins gathering the full weights and optimizer state; rank 0 writes."""
-        self.guard.snapshot(self.model, self.optimizer, self.regularizer, self.step, self.scheduler)
+        self.guard.snapshot(self, self.step)
         weights, state = gather_trainer_state(self)
         if self.rank != 0:
             return None
@@ -201,9 +201,7 @@ class TrainState:
         self.guard.stable()
         self.step += 1
         self.version += 1
-        self.guard.after_step(
-            self.model, self.optimizer, self.regularizer, self.step, self.scheduler
-        )
+        self.guard.after_step(self, self.step)
         metrics = merge(updates)
         metrics.update(self.meter.summary())
         metrics.update(
@@ -276,9 +274,7 @@ class TrainState:
 
     def _rollback(self, cause: str, **fields: float) -> StepResult:
         """Skip this step and restore the last snapshot (see algo/rollback.py)."""
-        self.guard.rollback(
-            self.model, self.optimizer, self.regularizer, self.step, cause, self.scheduler
-        )
+        self.guard.rollback(self, self.step, cause)
         if self.guard.restores_weights:
             self.version += 1  # older weights, a new version: rollouts of newer ones go stale
         return StepResult(

@@ -38,12 +38,10 @@ class Parts:
         torch.rand(3)
 
     def snapshot(self, step: int) -> None:
-        self.guard.snapshot(self.model, self.optimizer, self.regularizer, step, self.scheduler)
+        self.guard.snapshot(self, step)
 
     def rollback(self, step: int) -> None:
-        self.guard.rollback(
-            self.model, self.optimizer, self.regularizer, step, "non_finite_loss", self.scheduler
-        )
+        self.guard.rollback(self, step, "non_finite_loss")
 
 
 def clone_params(model: Any) -> list[torch.Tensor]:
@@ -97,9 +95,7 @@ def test_after_step_takes_the_restore_point_every_snapshot_every_steps(tiny_mode
     parts = Parts(tiny_model, RollbackSettings(snapshot_every=3))
     parts.snapshot(step=0)
     for step in range(1, 6):
-        parts.guard.after_step(
-            parts.model, parts.optimizer, parts.regularizer, step, parts.scheduler
-        )
+        parts.guard.after_step(parts, step)
     assert parts.guard.snapshot_step == 3
 
 
