@@ -25,19 +25,14 @@ from typing import Any
 
 from grpo_stream.jsonl import JsonlTail
 from grpo_stream.training import samples
+from grpo_stream.training.metrics import UPDATE_COLUMNS
 
 CHART_KEYS = (
     "step",
     "wall_time",
     "reward_mean",
     "pass_rate",
-    "kl",
-    "loss",
-    "grad_norm",
-    "grad_norm_after",
-    "tau",
-    "reg_fired",
-    "clip_frac",
+    *UPDATE_COLUMNS,
     "tokens_per_s",
     "step_seconds",
     "trainer_wait_s",

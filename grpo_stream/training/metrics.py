@@ -10,17 +10,14 @@ from typing import Any
 from grpo_stream.jsonl import read_rows
 from grpo_stream.protocols.messages import StepStats
 
+UPDATE_COLUMNS = ("kl", "loss", "grad_norm", "grad_norm_after", "tau", "reg_fired", "clip_frac")
+"""The columns of the regularized GRPO update itself (`TrainState.train_step`'s metrics)."""
+
 REQUIRED = (
     "step",
     "reward_mean",
     "reward_std",
-    "kl",
-    "loss",
-    "grad_norm",
-    "grad_norm_after",
-    "tau",
-    "reg_fired",
-    "clip_frac",
+    *UPDATE_COLUMNS,
     "policy_version",
     "staleness_mean",
     "groups_trained",
