@@ -23,7 +23,7 @@ from grpo_stream.training.bf16 import KahanAdamW
 from grpo_stream.training.device import CudaProbe, resolve
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainstates import make_batch, make_state, params_of
+from trainstates import make_batch, make_state, params_of, rolled_back
 
 BF16 = ('trainer.precision="bf16"', 'model.dtype="auto"')
 
@@ -110,12 +110,7 @@ def test_bf16_resume_restores_weights_and_float32_moments(tmp_path: Path) -> Non
 
 def test_bf16_rollback_restores_weights_and_compensation(tmp_path: Path) -> None:
     state = make_state(tmp_path / "run", *BF16, "trainer.fault_nan_step=2")
-    for step in range(2):
-        assert state.train_step(make_batch(step, seed=step)).applied
-    weights = params_of(state)
-    kept = [s["compensation"].clone() for s in state.optimizer.state.values()]
-    result = state.train_step(make_batch(2, seed=2))
-    assert not result.applied and result.metrics["rollback_cause"] == "non_finite_loss"
+    weights, kept = rolled_back(state, 2, "compensation")
     for name, p in params_of(state).items():
         assert torch.equal(p, weights[name])
     for s, c in zip(state.optimizer.state.values(), kept, strict=True):

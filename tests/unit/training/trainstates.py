@@ -92,6 +92,19 @@ def params_of(state: Any) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in state.model.named_parameters()}
 
 
+def rolled_back(state: Any, steps: int, keep: str) -> tuple[dict[str, torch.Tensor], list[Any]]:
+    """`steps` applied steps, then step `steps` (trainer.fault_nan_step) rolled back for its
+    non-finite loss; the weights, and each parameter's optimizer state `keep`, before it."""
+    for step in range(steps):
+        assert state.train_step(make_batch(step, seed=step)).applied
+    weights = params_of(state)
+    kept = [s[keep].clone() for s in state.optimizer.state.values()]
+    result = state.train_step(make_batch(steps, seed=steps))
+    assert not result.applied and result.metrics["rollback_cause"] == "non_finite_loss"
+    assert not result.republish  # the restore point is the last applied step
+    return weights, kept
+
+
 def same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(a[k], b[k]) for k in a)
 
