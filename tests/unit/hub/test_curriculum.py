@@ -8,6 +8,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,6 +46,12 @@ def mixed_task(tmp_path: Path, rows: int = 30, family: bool = True) -> Task:
         name="dataset", dataset=str(path), family_field="level" if family else None
     )
     return make_task(settings)
+
+
+def per_prompt(tmp_path: Path, rows: int = 30, **settings: Any) -> tuple[Task, Curriculum]:
+    """The mixed task without families (each prompt its own key) and its curriculum."""
+    task = mixed_task(tmp_path, rows=rows, family=False)
+    return task, Curriculum(CurriculumSettings(enabled=True, **settings), task, G, seed=0)
 
 
 def rewards_of(level: str) -> np.ndarray:
@@ -95,8 +102,7 @@ def test_prompts_go_out_in_proportion_to_their_expected_signal_with_the_floor(
 def test_the_pass_rate_averages_its_first_window_groups_then_moves_by_one_over_window(
     tmp_path: Path,
 ) -> None:
-    task = mixed_task(tmp_path, family=False)
-    cur = Curriculum(CurriculumSettings(enabled=True, window=2), task, G, seed=0)
+    task, cur = per_prompt(tmp_path, window=2)
     key = problem_key(task.problem(0))
     cur.observe(0, np.array([1, 1, 1, 1], np.float32))
     cur.observe(0, np.array([0, 0, 0, 0], np.float32))
@@ -108,8 +114,7 @@ def test_the_pass_rate_averages_its_first_window_groups_then_moves_by_one_over_w
 def test_a_pass_is_a_reward_at_least_pass_reward_and_failed_rewards_do_not_count(
     tmp_path: Path,
 ) -> None:
-    task = mixed_task(tmp_path, family=False)
-    cur = Curriculum(CurriculumSettings(enabled=True, pass_reward=0.5), task, G, seed=0)
+    task, cur = per_prompt(tmp_path, pass_reward=0.5)
     key = problem_key(task.problem(1))
     cur.observe(1, np.array([0.5, 0.2, math.nan, math.nan], np.float32))
     assert cur.pass_rate(key) == pytest.approx(0.5)
@@ -118,8 +123,7 @@ def test_a_pass_is_a_reward_at_least_pass_reward_and_failed_rewards_do_not_count
 
 
 def test_without_a_family_the_same_prompt_seen_again_shares_its_rate(tmp_path: Path) -> None:
-    task = mixed_task(tmp_path, rows=6, family=False)
-    cur = Curriculum(CurriculumSettings(enabled=True), task, G, seed=0)
+    task, cur = per_prompt(tmp_path, rows=6)
     cur.observe(0, rewards_of("easy"))
     again = next(i for i in range(6, 12) if task.problem(i).prompt == task.problem(0).prompt)
     assert cur.accept_probability(problem_key(task.problem(again))) == cur.settings.floor
@@ -128,8 +132,7 @@ def test_without_a_family_the_same_prompt_seen_again_shares_its_rate(tmp_path: P
 
 
 def test_the_table_forgets_the_least_recently_seen_key_first(tmp_path: Path) -> None:
-    task = mixed_task(tmp_path, family=False)
-    cur = Curriculum(CurriculumSettings(enabled=True, max_keys=2), task, G, seed=0)
+    task, cur = per_prompt(tmp_path, max_keys=2)
     for gid in (0, 1, 0, 2):  # 0 seen again after 1: 1 is the least recent
         cur.observe(gid, rewards_of("easy"))
     assert list(cur.rates) == [problem_key(task.problem(i)) for i in (0, 2)]
