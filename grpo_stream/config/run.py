@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
-    field_validator,
     model_validator,
 )
 
@@ -44,6 +44,10 @@ def _whole_or_auto(value: object) -> object:
     raise ValueError(f'must be a whole number >= 1 or "auto", got {value!r}')
 
 
+WholeOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_whole_or_auto)]
+"""A count that `up` may plan itself ("auto")."""
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message is one line naming the field."""
 
@@ -59,7 +63,7 @@ class RunSettings(BaseModel):
     """Trainer steps before the run ends."""
     seed: int = 0
     """Seed for torch, sampling and the prompt stream."""
-    torch_threads: int | Literal["auto"] = 1
+    torch_threads: WholeOrAuto = 1
     """torch intra-op threads per torch service process (CPU): a number for each, or "auto":
     `up` splits its machine's cores among the trainer and generators it starts there, each
     pinned to its own (grpo_stream.launch.threads). Why 1: on a 2-core machine more threads
@@ -93,11 +97,6 @@ class RunSettings(BaseModel):
     (`trainer.samples`) and the text of the metric sinks; 0: never."""
     log_completions_prompts: int = Field(2, ge=1)
     """How many prompts (each with its G completions) `run.log_completions` shows."""
-
-    @field_validator("torch_threads", mode="before")
-    @classmethod
-    def _threads(cls, value: object) -> object:
-        return _whole_or_auto(value)
 
 
 class ModelSettings(BaseModel):
@@ -195,7 +194,7 @@ class ScorerSettings(BaseModel):
 
     count: int = Field(1, ge=0)
     """Scorer processes that `up` starts locally."""
-    workers: int | Literal["auto"] = "auto"
+    workers: WholeOrAuto = "auto"
     """Worker processes per scorer that run reward functions: a number, or "auto": the
     cores the trainer's and generators' torch threads leave on the scorer's machine, shared
     among its scorers (`up` plans it; a scorer started by hand takes its cores), at least 1
@@ -208,11 +207,6 @@ class ScorerSettings(BaseModel):
     the call fails (NaN) and the worker is replaced."""
     groups_per_request: int = Field(8, ge=1)
     """Groups a scorer asks for at once."""
-
-    @field_validator("workers", mode="before")
-    @classmethod
-    def _workers(cls, value: object) -> object:
-        return _whole_or_auto(value)
 
 
 class ReplaySettings(BaseModel):
