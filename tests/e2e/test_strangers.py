@@ -74,14 +74,18 @@ def _hub(run: Run) -> str:
     return (run.run_dir / "hub.addr").read_text().strip()
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    run = Run(tmp_path_factory.mktemp("strangers") / "run", STEPS, *PATIENT)
+def trained(run: Run, steps: int = 1) -> Iterator[Run]:
+    """A module fixture's `run`, once it trained `steps` steps; killed after the module."""
     try:
-        run.wait_steps(1)
+        run.wait_steps(steps)
         yield run
     finally:
         run.kill()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    yield from trained(Run(tmp_path_factory.mktemp("strangers") / "run", STEPS, *PATIENT))
 
 
 @pytest.mark.slow
@@ -277,12 +281,7 @@ def test_the_run_stops_cleanly_and_none_of_it_was_trained(live: Run) -> None:
 @pytest.fixture(scope="module")
 def live_direct(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     direct = ["--set", 'hub.payloads="direct"']
-    run = Run(tmp_path_factory.mktemp("direct") / "run", STEPS, *PATIENT, *direct)
-    try:
-        run.wait_steps(2)
-        yield run
-    finally:
-        run.kill()
+    yield from trained(Run(tmp_path_factory.mktemp("direct") / "run", STEPS, *PATIENT, *direct), 2)
 
 
 @pytest.mark.slow
@@ -306,12 +305,8 @@ def test_unsigned_hellos_naming_a_live_generator_cost_it_nothing(live_direct: Ru
 
 @pytest.fixture(scope="module")
 def live_episodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    run = Run(tmp_path_factory.mktemp("episodes") / "run", STEPS, *PATIENT, "--task", "guess")
-    try:
-        run.wait_steps(1)
-        yield run
-    finally:
-        run.kill()
+    episodes = ("--task", "guess")
+    yield from trained(Run(tmp_path_factory.mktemp("episodes") / "run", STEPS, *PATIENT, *episodes))
 
 
 @pytest.mark.slow
