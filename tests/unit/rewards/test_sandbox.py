@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import signal
@@ -39,24 +40,21 @@ def spec(name: str, weight: float = 1.0, **params: float) -> RewardSpec:
 
 @pytest.fixture
 def make_pool() -> Iterator[Callable[..., RewardPool]]:
-    pools: list[RewardPool] = []
+    """Started pools, each closed (as the context manager it is) after the test."""
+    with contextlib.ExitStack() as pools:
 
-    def factory(
-        specs: list[RewardSpec],
-        workers: int = 1,
-        memory_limit_mb: int = 64,
-        timeout_s: float = TIMEOUT_S,
-    ) -> RewardPool:
-        pool = RewardPool(
-            specs, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb
-        )
-        pools.append(pool)
-        pool.start()
-        return pool
+        def factory(
+            specs: list[RewardSpec],
+            workers: int = 1,
+            memory_limit_mb: int = 64,
+            timeout_s: float = TIMEOUT_S,
+        ) -> RewardPool:
+            pool = RewardPool(
+                specs, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb
+            )
+            return pools.enter_context(pool)
 
-    yield factory
-    for pool in pools:
-        pool.close()
+        yield factory
 
 
 def alive(pid: int) -> bool:
