@@ -10,6 +10,7 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,13 +32,21 @@ STEPS = 30
 PACED = ("--set", "trainer.throttle_s=0.3")
 
 
+def killed_and_restarted(
+    run_dir: Path, background_run: list[Run], instance: str
+) -> tuple[Run, list[dict[str, Any]], dict[str, int]]:
+    """A run (run.restarts=2) in which `instance` is killed after step 2: the run, the
+    instance's joins, and the hub's counters once every group ended exactly once."""
+    run = Run(run_dir, STEPS, "--set", "run.restarts=2")
+    background_run.append(run)
+    joins = killed_after_step_two(run, instance)
+    return run, joins, assert_accounting(run.run_dir, STEPS)
+
+
 def test_generator_killed_is_redispatched_and_restarted(
     tmp_path: Path, background_run: list[Run]
 ) -> None:
-    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
-    background_run.append(run)
-    joins = killed_after_step_two(run, "generator-0")
-    counters = assert_accounting(run.run_dir, STEPS)
+    run, joins, counters = killed_and_restarted(tmp_path / "run", background_run, "generator-0")
     assert counters["requeued_generate"] + counters["redispatched"] > 0 or hub_events(
         run.run_dir, "peer.lost"
     )
@@ -47,10 +56,7 @@ def test_generator_killed_is_redispatched_and_restarted(
 def test_scorer_killed_is_redispatched_and_restarted(
     tmp_path: Path, background_run: list[Run]
 ) -> None:
-    run = Run(tmp_path / "run", STEPS, "--set", "run.restarts=2")
-    background_run.append(run)
-    joins = killed_after_step_two(run, "scorer-0")
-    assert_accounting(run.run_dir, STEPS)
+    _, joins, _ = killed_and_restarted(tmp_path / "run", background_run, "scorer-0")
     assert len(joins) >= 2 and joins[-1]["joined"] >= 2  # the restarted scorer came back
 
 
