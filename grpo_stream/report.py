@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grpo_stream.evaluator.online import read_eval
+from grpo_stream.rundir.evals import read_eval
 from grpo_stream.training.metrics import read_metrics
 
 

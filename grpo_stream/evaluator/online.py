@@ -22,8 +22,8 @@ from grpo_stream.agents.player import AgentPlayer
 from grpo_stream.config.tasks import RewardSpec, TaskSettings
 from grpo_stream.evaluation import GREEDY_TOP_P, Sample, Tally, score_group
 from grpo_stream.evaluator.agents import evaluate_agent
-from grpo_stream.jsonl import read_rows
 from grpo_stream.rewards import RewardFn, load_reward, reward_specs
+from grpo_stream.rundir.evals import EVAL_FILE
 from grpo_stream.sampling import Sampling
 from grpo_stream.tasks import Problem, Task, TaskDataError, make_eval_task, make_task
 from grpo_stream.training.sinks import make_sinks
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 
-EVAL_FILE = "eval.jsonl"
-"""RUN_DIR/eval.jsonl: one line per evaluation, beside metrics.jsonl."""
 MAX_OVERLAP_SCAN = 50_000
 """Training problems compared with an explicit eval.task's (endless tasks: the first ones)."""
 _SEQUENCES_PER_CALL = 256
@@ -164,9 +162,3 @@ class OnlineEval:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
-
-
-def read_eval(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of RUN_DIR/eval.jsonl (none when the run did not evaluate), safe on a live
-    run (`grpo_stream.jsonl`)."""
-    return read_rows(Path(run_dir) / EVAL_FILE)

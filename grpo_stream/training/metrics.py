@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_stream.jsonl import read_rows
-from grpo_stream.protocols.messages import StepStats
+
+if TYPE_CHECKING:  # an annotation only: the report's child reads metrics without the wire
+    from grpo_stream.protocols.messages import StepStats
 
 UPDATE_COLUMNS = ("kl", "loss", "grad_norm", "grad_norm_after", "tau", "reg_fired", "clip_frac")
 """The columns of the regularized GRPO update itself (`TrainState.train_step`'s metrics)."""

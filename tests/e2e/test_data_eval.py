@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_stream.evaluator.online import read_eval
+from grpo_stream.rundir.evals import read_eval
 from grpo_stream.services.evaluator import next_due
 from grpo_stream.training.metrics import read_metrics
 

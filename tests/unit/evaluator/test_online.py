@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from grpo_stream.config import config_from_dict
-from grpo_stream.evaluator.online import EVAL_FILE, OnlineEval, read_eval
+from grpo_stream.evaluator.online import OnlineEval
+from grpo_stream.rundir.evals import EVAL_FILE, read_eval
 from grpo_stream.sampling import Sampling
 from grpo_stream.tasks import held_out
 
