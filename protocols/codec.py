@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgpack
 import numpy as np
 
-from grpo_stream.protocols.arrays import as_numpy, names_by_dtype, wire_dtypes
+from grpo_stream.protocols.arrays import as_numpy, wire_dtype, wire_name
 from grpo_stream.protocols.errors import ProtocolError
 from grpo_stream.protocols.kinds import MESSAGES
 from grpo_stream.protocols.schema import FieldSpec, Message, Struct, schema
@@ -55,11 +55,10 @@ def _wire_array(value: Any, where: str) -> tuple[dict[str, Any], memoryview]:
         arr = as_numpy(value)
     except ProtocolError as exc:
         raise ProtocolError("bad_type", f"{where}: {exc.message}") from None
-    names = names_by_dtype()
-    name = names.get(arr.dtype)
+    name = wire_name(arr.dtype)
     if name is None and arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-        name = names.get(arr.dtype)
+        name = wire_name(arr.dtype)
     if name is None:
         raise ProtocolError("bad_type", f"{where}: dtype {arr.dtype} cannot travel")
     if not arr.flags.c_contiguous:
@@ -302,7 +301,7 @@ def _array_meta(meta: Any, where: str) -> tuple[np.dtype[Any], tuple[int, ...], 
     if type(meta) is not dict or len(meta) != 2 or "dtype" not in meta or "shape" not in meta:
         raise ProtocolError("bad_array", f"{where}: array entry must be {{dtype, shape}}")
     name, shape = meta["dtype"], meta["shape"]
-    dtype = wire_dtypes().get(name) if type(name) is str else None
+    dtype = wire_dtype(name) if type(name) is str else None
     if dtype is None:
         raise ProtocolError("bad_array", f"{where}: unsupported dtype {_short(name)}")
     if type(shape) is not list or len(shape) > _MAX_NDIM:

@@ -15,7 +15,7 @@ from importgraph import GRAPH, MODULES, ROOT, cycles
 HEAVY = frozenset(
     {"torch", "transformers", "vllm", "peft", "matplotlib", "datasets", "math_verify",
      "verifiers", "reasoning_gym", "ray", "tensorboard", "wandb", "starlette", "uvicorn",
-     "huggingface_hub", "tokenizers", "safetensors", "pyarrow", "openai", "httpx"}
+     "huggingface_hub", "tokenizers", "safetensors", "pyarrow", "openai", "httpx", "ml_dtypes"}
 )  # fmt: skip
 """Third-party packages slow enough to import (or optional enough) that a module may
 import them, or a module of ours that needs them, inside the function that uses them."""
