@@ -46,7 +46,8 @@ def bfloat16() -> np.dtype[Any]:
     """ml_dtypes' bfloat16, imported on first use (a second of CPU: see above)."""
     import ml_dtypes
 
-    return np.dtype(ml_dtypes.bfloat16)
+    dtype: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    return dtype
 
 
 def wire_dtype(name: str) -> np.dtype[Any] | None:
