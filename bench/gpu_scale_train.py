@@ -166,7 +166,7 @@ def cell(
             state = make_state(ns, path, Path(tmp), sets)
             seconds, results = timed_steps(state, batches, ns.device)
             t0 = time.perf_counter()
-            state.guard.snapshot(state.model, state.optimizer, state.regularizer, state.step)
+            state.guard.snapshot(state, state.step)
             _sync(ns.device)
             snapshot_s = time.perf_counter() - t0
             precision, sharded = state.precision.mode, bool(state.fsdp)
