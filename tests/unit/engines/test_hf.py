@@ -16,7 +16,8 @@ from grpo_stream.engines import Engine
 from grpo_stream.engines.hf import HFEngine
 from grpo_stream.sampling import GroupSample, Sampling
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "reference"))  # not engines/: vllm/ there
+# would import as `vllm` where vLLM is not installed
 from teacher_forced import teacher_forced_logprobs
 
 PROMPTS = ["1+2=", "12+34=", "7*8=?", "100-1="]

@@ -14,7 +14,7 @@ import torch
 
 from grpo_stream.sampling import GroupSample
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parents[1] / "reference"))  # not engines/ (see test_hf)
 from teacher_forced import teacher_forced_logprobs
 
 
